@@ -1,0 +1,33 @@
+"""statevar: mutable, TensorFlow-style variables on JAX, updated in place."""
+
+from ._errors import CheckpointCorruptedError as CheckpointCorruptedError
+from ._errors import CheckpointMismatchError as CheckpointMismatchError
+from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import DtypeMismatchError as DtypeMismatchError
+from ._errors import PlacementError as PlacementError
+from ._errors import ShapeMismatchError as ShapeMismatchError
+from ._errors import StatevarError as StatevarError
+from ._errors import TraceContextError as TraceContextError
+from ._placement import PlacementWarning as PlacementWarning
+from ._placement import device as device
+from ._placement import set_log_device_placement as set_log_device_placement
+from ._placement import set_soft_device_placement as set_soft_device_placement
+from ._variable import Variable as Variable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointCorruptedError",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
+    "DtypeMismatchError",
+    "PlacementError",
+    "PlacementWarning",
+    "ShapeMismatchError",
+    "StatevarError",
+    "TraceContextError",
+    "Variable",
+    "device",
+    "set_log_device_placement",
+    "set_soft_device_placement",
+]

@@ -1,0 +1,39 @@
+"""Exceptions raised by statevar.
+
+Each error subclasses the builtin a user would catch, so ``except ValueError`` works as it
+does with ``tf.Variable``.
+"""
+
+from __future__ import annotations
+
+
+class StatevarError(Exception):
+    """Base class of every error statevar raises."""
+
+
+class ShapeMismatchError(StatevarError, ValueError):
+    """A value's shape does not fit the variable it is meant for."""
+
+
+class DtypeMismatchError(StatevarError, TypeError):
+    """A value cannot be converted to a variable's dtype without loss."""
+
+
+class PlacementError(StatevarError, ValueError):
+    """A device was asked for that this machine does not have."""
+
+
+class TraceContextError(StatevarError, RuntimeError):
+    """A variable was created or assigned where a transformation forbids it."""
+
+
+class CheckpointNotFoundError(StatevarError, FileNotFoundError):
+    """The checkpoint directory or step does not exist."""
+
+
+class CheckpointMismatchError(StatevarError, ValueError):
+    """A checkpoint does not match the variables it is restored into."""
+
+
+class CheckpointCorruptedError(StatevarError, ValueError):
+    """A checkpoint's data does not match the checksums stored with it."""

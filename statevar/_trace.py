@@ -1,0 +1,132 @@
+"""Trace frames: where variables live while `statevar.jit` or `statevar.grad` traces.
+
+While a transformation traces a function, the variables it lifts are looked up in a frame
+on a per-thread stack instead of in the variables themselves. Reads return the frame's
+traced value and writes replace it; the variables' own arrays are never touched, so no
+tracer can leak into a variable, and other threads keep seeing concrete arrays.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ._errors import TraceContextError
+
+if TYPE_CHECKING:
+    from ._variable import Variable
+
+_local = threading.local()
+# Number of frames open in any thread; lets the eager hot path skip the thread-local lookup.
+_open_frames = 0
+_count_lock = threading.Lock()
+
+
+class Frame:
+    """Traced values of the variables one transformation has lifted.
+
+    Attributes:
+      kind: ``"jit"`` or ``"grad"``.
+      values: the current traced value of each lifted variable.
+      written: the variables assigned while tracing.
+      unlifted: variables read while tracing that the frame did not lift; their concrete
+        values were used (jit frames only).
+    """
+
+    def __init__(self, kind: str, values: dict[Variable, Any]):
+        self.kind = kind
+        self.values = values
+        self.written: dict[Variable, None] = {}
+        self.unlifted: dict[Variable, None] = {}
+
+    def __enter__(self) -> Frame:
+        global _open_frames
+        stack = _stack()
+        stack.append(self)
+        with _count_lock:
+            _open_frames += 1
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        global _open_frames
+        _stack().pop()
+        with _count_lock:
+            _open_frames -= 1
+
+
+def _stack() -> list[Frame]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def any_open() -> bool:
+    """Whether any frame is open in any thread (a cheap pre-check)."""
+    return _open_frames > 0
+
+
+def innermost() -> Frame | None:
+    """Returns this thread's innermost frame, or None."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+def in_jit() -> bool:
+    """Whether this thread is tracing inside `statevar.jit`."""
+    return any(frame.kind == "jit" for frame in _stack())
+
+
+def read(var: Variable) -> Any | None:
+    """Returns ``var``'s traced value in this thread's frames, or None to read it eagerly.
+
+    A jit frame that has not lifted ``var`` records it as unlifted, so `statevar.jit` can
+    lift it on the next trace.
+    """
+    stack = getattr(_local, "stack", None)
+    if not stack:
+        return None
+    for frame in reversed(stack):
+        if var in frame.values:
+            return frame.values[var]
+    for frame in stack:
+        if frame.kind == "jit":
+            frame.unlifted[var] = None
+            break
+    return None
+
+
+def write(var: Variable, value: Any, operation: str) -> bool:
+    """Records an assignment made while tracing; returns False when no frame is open.
+
+    Raises:
+      TraceContextError: inside `statevar.grad`, which differentiates a pure function.
+    """
+    frame = innermost()
+    if frame is None:
+        return False
+    if frame.kind == "grad":
+        raise TraceContextError(
+            f"Cannot {operation} Variable '{var.name}' inside statevar.grad: the "
+            "differentiated function must not change variables. Return the new value "
+            "(with has_aux=True) and assign it after the gradient call."
+        )
+    frame.values[var] = value
+    frame.written[var] = None
+    return True
+
+
+def check_creation(name: str) -> None:
+    """Refuses to create a variable while a transformation traces.
+
+    Raises:
+      TraceContextError: if a `statevar.jit` or `statevar.grad` frame is open.
+    """
+    frame = innermost()
+    if frame is not None:
+        where = "statevar.jit" if frame.kind == "jit" else "statevar.grad"
+        raise TraceContextError(
+            f"Cannot create Variable '{name}' inside {where}: variables hold state across "
+            "calls, so create them once, outside the transformed function, and assign to "
+            "them inside it (as tf.function requires)."
+        )

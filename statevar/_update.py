@@ -1,0 +1,140 @@
+"""The jitted, buffer-donating updates behind ``assign``, ``assign_add``, ``assign_sub`` and
+``v[i] = x``.
+
+Each update exists twice: a donating version, used when the variable is the only holder of
+its array (so XLA writes the result into the old buffer), and a copying version, used when
+something else still holds the old array (a read taken earlier, a NumPy view, another
+variable), which must stay valid. Whether anything else holds the array is read off its
+reference count, calibrated below against the same access pattern.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+# How often each update function has been traced; tests use it to prove there is no retrace.
+trace_counts: dict[str, int] = {}
+
+
+def _fit(value: jax.Array, like: jax.Array) -> jax.Array:
+    return jnp.broadcast_to(lax.convert_element_type(value, like.dtype), like.shape)
+
+
+def _assign(old: jax.Array, value: Any) -> jax.Array:
+    return _fit(value, old)
+
+
+def _assign_add(old: jax.Array, delta: Any) -> jax.Array:
+    return old + _fit(delta, old)
+
+
+def _assign_sub(old: jax.Array, delta: Any) -> jax.Array:
+    return old - _fit(delta, old)
+
+
+def _set_item(old: jax.Array, value: Any, dynamic: tuple, static: tuple) -> jax.Array:
+    index = rebuild_index(static, dynamic)
+    target = jax.eval_shape(lambda x: x[index], old)
+    fitted = jnp.broadcast_to(lax.convert_element_type(value, old.dtype), target.shape)
+    return old.at[index].set(fitted)
+
+
+# The update functions themselves, for use while `statevar.jit` traces.
+PURE: dict[str, Callable] = {
+    "assign": _assign,
+    "assign_add": _assign_add,
+    "assign_sub": _assign_sub,
+    "setitem": _set_item,
+}
+
+
+def _pair(operation: str, **kwargs: Any) -> tuple[Callable, Callable]:
+    pure = PURE[operation]
+
+    def counted(*args: Any) -> jax.Array:
+        trace_counts[operation] = trace_counts.get(operation, 0) + 1
+        return pure(*args)
+
+    return jax.jit(counted, donate_argnums=0, **kwargs), jax.jit(counted, **kwargs)
+
+
+# (donating, copying) jitted versions of each update, for eager use.
+UPDATES: dict[str, tuple[Callable, Callable]] = {
+    "assign": _pair("assign"),
+    "assign_add": _pair("assign_add"),
+    "assign_sub": _pair("assign_sub"),
+    "setitem": _pair("setitem", static_argnums=3),
+}
+
+copy_array = jax.jit(jnp.copy)
+
+
+class _Probe:
+    _value: object
+
+
+def _calibrate_single() -> int:
+    probe = _Probe()
+    probe._value = object()
+    return sys.getrefcount(probe._value)
+
+
+def _calibrate_list() -> int:
+    probe = _Probe()
+    probe._value = object()
+    arrays = [probe._value]
+    return [sys.getrefcount(a) for a in arrays][0]
+
+
+# Reference count of an array held only by a variable's ``_value`` attribute, as seen by
+# ``sys.getrefcount(var._value)``; and as seen inside `exclusive_or_copies` below.
+SOLE_HOLDER = _calibrate_single()
+_SOLE_HOLDER_IN_LIST = _calibrate_list()
+
+
+def exclusive_or_copies(arrays: list[jax.Array]) -> list[jax.Array]:
+    """Returns ``arrays`` with every array that something else still holds replaced by a copy.
+
+    ``arrays`` must hold each variable's ``_value`` and nothing more, so that the result can
+    be donated: the copies are donated in place of the shared arrays, which stay valid.
+    """
+    return [a if sys.getrefcount(a) <= _SOLE_HOLDER_IN_LIST else copy_array(a) for a in arrays]
+
+
+def split_index(index: Any) -> tuple[tuple, tuple]:
+    """Splits an index into a hashable static part and a tuple of dynamic integer parts.
+
+    Integers and integer or boolean arrays become dynamic, so ``v[i] = x`` in a loop over
+    ``i`` compiles once; slices, ``None`` and ``Ellipsis`` stay static.
+    """
+    parts = index if isinstance(index, tuple) else (index,)
+    static, dynamic = [], []
+    for part in parts:
+        if isinstance(part, slice):
+            static.append(("slice", part.start, part.stop, part.step))
+        elif part is None or part is Ellipsis:
+            static.append(part)
+        else:
+            static.append("dynamic")
+            dynamic.append(part)
+    return tuple(static), tuple(dynamic)
+
+
+def rebuild_index(static: tuple, dynamic: tuple) -> tuple:
+    """Inverts `split_index`."""
+    remaining = iter(dynamic)
+    index = []
+    for part in static:
+        if isinstance(part, tuple):
+            index.append(slice(*part[1:]))
+        elif part == "dynamic":
+            index.append(next(remaining))
+        else:
+            index.append(part)
+    return tuple(index)

@@ -1,0 +1,485 @@
+"""`Variable`: a mutable cell holding an immutable `jax.Array`."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _placement, _trace, _update
+from ._errors import DtypeMismatchError, ShapeMismatchError, TraceContextError
+
+_Tracer = jax.core.Tracer
+
+# Dtype families, ordered so that a value converts safely into its own family or a later one.
+_BOOL, _INT, _FLOAT, _COMPLEX = range(4)
+_FAMILY_NAMES = {_BOOL: "bool", _INT: "integer", _FLOAT: "floating", _COMPLEX: "complex"}
+_PYTHON_SCALARS = {bool: _BOOL, int: _INT, float: _FLOAT, complex: _COMPLEX}
+_PYTHON_SCALAR_DTYPES = {bool: "bool", int: "int", float: "float", complex: "complex"}
+_PHRASES = {
+    "assign": "assign to",
+    "assign_add": "assign_add to",
+    "assign_sub": "assign_sub to",
+    "setitem": "set an item of",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _family(dtype: np.dtype) -> int | None:
+    if dtype == np.bool_:
+        return _BOOL
+    for family, kind in ((_INT, jnp.integer), (_FLOAT, jnp.floating), (_COMPLEX, jnp.complexfloating)):
+        if jnp.issubdtype(dtype, kind):
+            return family
+    return None
+
+
+def _is_concrete_array(x: Any) -> bool:
+    return isinstance(x, jax.Array) and not isinstance(x, _Tracer)
+
+
+def _default_device() -> jax.Device:
+    configured = jax.config.jax_default_device
+    if isinstance(configured, jax.Device):
+        return configured
+    if isinstance(configured, str):
+        return jax.devices(configured)[0]
+    return jax.devices()[0]
+
+
+class Variable:
+    """A mutable cell holding an immutable `jax.Array`, in the manner of ``tf.Variable``.
+
+    A Variable works wherever an array does (operators, NumPy, ``jnp`` functions, plain
+    ``jax.jit`` arguments) and is updated in place with `assign`, `assign_add`,
+    `assign_sub` and ``v[index] = x``. Updates run as cached jitted functions that donate
+    the old buffer when nothing else holds it, so a large variable is updated without a
+    second copy; an array read earlier is never deleted or changed by a later update.
+
+    Args:
+      initial_value: anything ``jnp.asarray`` accepts, or another Variable. It is always
+        copied: the variable never shares memory with it.
+      trainable: whether `statevar.grad` differentiates with respect to this variable.
+      name: a name for messages, summaries and checkpoints; defaults to ``"Variable"``
+        (a `statevar.Module` gives unnamed variables their path in the module tree).
+      dtype: the dtype; inferred as JAX infers it when omitted (``1`` gives int32, ``1.0``
+        float32).
+      device: ``"cpu:0"``, ``"gpu:0"`` or a `jax.Device`; defaults to the innermost
+        `statevar.device` scope, then JAX's default device.
+
+    Raises:
+      TypeError: if ``initial_value`` is not numeric or cannot be converted to ``dtype``.
+      TraceContextError: if created while `statevar.jit` or `statevar.grad` traces.
+      PlacementError: if ``device`` does not exist and soft placement is off.
+
+    Example:
+      >>> import statevar
+      >>> v = statevar.Variable([1.0, 2.0], name="v")
+      >>> v.assign_add([1.0, 1.0])
+      <Variable 'v' shape=(2,) dtype=float32, numpy=array([2., 3.], dtype=float32)>
+    """
+
+    __array_priority__ = 100
+
+    def __init__(
+        self,
+        initial_value: jax.typing.ArrayLike | Variable,
+        *,
+        trainable: bool = True,
+        name: str | None = None,
+        dtype: jax.typing.DTypeLike | None = None,
+        device: str | jax.Device | None = None,
+    ):
+        label = name if name is not None else "Variable"
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"Expected the Variable's name to be a str, got {type(name).__name__}")
+        _trace.check_creation(label)
+        if isinstance(initial_value, Variable):
+            initial_value = initial_value._read()
+        if isinstance(initial_value, _Tracer):
+            raise TraceContextError(
+                f"Cannot create Variable '{label}' from a traced value inside a JAX "
+                "transformation: create variables outside jitted or differentiated functions."
+            )
+        try:
+            value = jnp.array(initial_value, dtype=dtype, copy=True)
+        except (TypeError, ValueError) as error:
+            raise DtypeMismatchError(
+                f"Cannot create Variable '{label}' from {type(initial_value).__name__} "
+                f"{_short(initial_value)}: {error}"
+            ) from error
+        if _family(value.dtype) is None:
+            raise DtypeMismatchError(
+                f"Cannot create Variable '{label}' with dtype {value.dtype}: expected a "
+                "bool, integer, floating or complex dtype"
+            )
+        if device is not None:
+            placed_on = _placement.resolve(device, what=f"Variable '{label}'", stacklevel=3)
+        else:
+            placed_on = _placement.current_device() or _default_device()
+        self._name = name
+        self._trainable = bool(trainable)
+        self._lock = threading.Lock()
+        self._value: jax.Array = jax.device_put(value, placed_on)
+        _placement.log(label, "create", placed_on)
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def name(self) -> str:
+        """The name given at creation, or ``"Variable"``."""
+        return self._name if self._name is not None else "Variable"
+
+    @property
+    def trainable(self) -> bool:
+        """Whether `statevar.grad` differentiates with respect to this variable."""
+        return self._trainable
+
+    @trainable.setter
+    def trainable(self, enabled: bool) -> None:
+        self._trainable = bool(enabled)
+
+    @property
+    def value(self) -> jax.Array:
+        """The current value. It stays valid, unchanged, after later updates."""
+        return self._read()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape, fixed at creation."""
+        return self._value.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype, fixed at creation."""
+        return self._value.dtype
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return self._value.ndim
+
+    @property
+    def size(self) -> int:
+        """The number of elements."""
+        return self._value.size
+
+    @property
+    def device(self) -> jax.Device:
+        """The device the variable lives on."""
+        return next(iter(self._value.devices()))
+
+    @property
+    def sharding(self) -> jax.sharding.Sharding:
+        """The sharding of the variable's array."""
+        return self._value.sharding
+
+    # ----------------------------------------------------------------- reads
+
+    def _read(self) -> jax.Array:
+        if _trace.any_open():
+            traced = _trace.read(self)
+            if traced is not None:
+                return traced
+        with self._lock:
+            return self._value
+
+    def read_value(self) -> jax.Array:
+        """Returns the current value; later updates never delete or change it."""
+        return self._read()
+
+    def numpy(self) -> np.ndarray:
+        """Returns a NumPy copy of the current value."""
+        return np.array(self._read())
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        array = np.asarray(self._read(), dtype=dtype)
+        return array.copy() if copy else array
+
+    def __jax_array__(self) -> jax.Array:
+        return self._read()
+
+    def __getitem__(self, index: Any) -> jax.Array:
+        return self._read()[_unwrap(index)]
+
+    # ----------------------------------------------------------------- updates
+
+    def assign(self, value: jax.typing.ArrayLike | Variable) -> Variable:
+        """Sets the variable to ``value``, in place.
+
+        The value is converted to the variable's dtype when that is safe and broadcast to
+        its shape. Donates the old buffer when nothing else holds it; arrays read earlier
+        stay valid.
+
+        Args:
+          value: the new value.
+
+        Returns:
+          The variable itself.
+
+        Raises:
+          TypeError: if the conversion would lose information (1.5 into int32).
+          ValueError: if the value does not broadcast to the variable's shape.
+        """
+        return self._update("assign", self._check(value, "assign"))
+
+    def assign_add(self, delta: jax.typing.ArrayLike | Variable) -> Variable:
+        """Adds ``delta`` in place, atomically; see `assign` for conversions and errors.
+
+        Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
+        """
+        return self._update("assign_add", self._check(delta, "assign_add"))
+
+    def assign_sub(self, delta: jax.typing.ArrayLike | Variable) -> Variable:
+        """Subtracts ``delta`` in place, atomically; see `assign` for conversions and errors.
+
+        Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
+        """
+        return self._update("assign_sub", self._check(delta, "assign_sub"))
+
+    def __setitem__(self, index: Any, value: jax.typing.ArrayLike | Variable) -> None:
+        """Sets ``self[index]`` to ``value`` in place (``v[index] = value``).
+
+        Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
+
+        Raises:
+          IndexError: if the index is out of range.
+          TypeError, ValueError: as `assign`, against the indexed part's shape.
+        """
+        index = _unwrap(index)
+        static, dynamic = _update.split_index(index)
+        if not any(isinstance(part, _Tracer) for part in dynamic):
+            try:
+                target = np.broadcast_to(np.empty((), np.bool_), self.shape)[
+                    tuple(np.asarray(part) if isinstance(part, jax.Array) else part for part in _update.rebuild_index(static, dynamic))
+                ].shape
+            except IndexError as error:
+                raise IndexError(
+                    f"Cannot set Variable '{self.name}'[{_short(index)}]: {error} "
+                    f"(the variable's shape is {self.shape})"
+                ) from None
+        else:
+            target = jax.eval_shape(lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)).shape
+        value = self._check(value, "setitem", target_shape=target)
+        self._update("setitem", value, dynamic, static)
+
+    def _check(self, value: Any, operation: str, target_shape: tuple[int, ...] | None = None) -> Any:
+        """Validates ``value`` for an update, before anything is donated; returns it ready
+        for the jitted update."""
+        operation = _PHRASES[operation]
+        if isinstance(value, Variable):
+            value = value._read()
+        if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+            source, shape = _family(value.dtype), value.shape
+            described = str(value.dtype)
+            if isinstance(value, _Tracer) and _trace.innermost() is None:
+                raise TraceContextError(
+                    f"Cannot {operation} Variable '{self.name}' inside jax.jit, jax.grad or "
+                    "another JAX transformation: the variable would keep a tracer. Use "
+                    "statevar.jit and statevar.grad, which carry the update out of the trace."
+                )
+        elif type(value) in _PYTHON_SCALARS:
+            source, shape = _PYTHON_SCALARS[type(value)], ()
+            described = _PYTHON_SCALAR_DTYPES[type(value)]
+        else:
+            try:
+                array = np.asarray(value)
+            except (TypeError, ValueError):
+                array = np.asarray(None)
+            if _family(array.dtype) is None:
+                raise DtypeMismatchError(
+                    f"Cannot {operation} Variable '{self.name}': expected a numeric value "
+                    f"convertible to {self.dtype}, got {type(value).__name__} {_short(value)}"
+                )
+            value, source, shape, described = array, _family(array.dtype), array.shape, str(array.dtype)
+            if array.dtype == np.float64 or array.dtype == np.int64:
+                # Python numbers in a list are weakly typed, as in JAX.
+                described = _FAMILY_NAMES[source] + " values"
+        target = _family(self.dtype)
+        if source is None or not (source == target or _BOOL < source < target):
+            raise DtypeMismatchError(
+                f"Cannot {operation} Variable '{self.name}': a value of dtype {described} "
+                f"cannot be converted safely to the variable's dtype {self.dtype}"
+                + ("" if source is None else f" ({_FAMILY_NAMES[source]} into {_FAMILY_NAMES[target]})")
+            )
+        expected = self.shape if target_shape is None else target_shape
+        if shape != expected:
+            try:
+                fits = np.broadcast_shapes(shape, expected) == expected
+            except ValueError:
+                fits = False
+            if not fits:
+                raise ShapeMismatchError(
+                    f"Cannot {operation} Variable '{self.name}': shape {shape} does not match "
+                    f"the {'variable' if target_shape is None else 'indexed part'}'s shape "
+                    f"{expected}"
+                )
+        if _is_concrete_array(value) and value.sharding != self._value.sharding:
+            value = jax.device_put(value, self._value.sharding)
+        return value
+
+    def _update(self, operation: str, *operands: Any) -> Variable:
+        if _trace.any_open() and _trace.innermost() is not None:
+            old = _trace.read(self) if operation != "assign" else None
+            if old is None:
+                old = self._value
+            new = _update.PURE[operation](old, *operands)
+            _trace.write(self, new, _PHRASES[operation])
+            return self
+        if isinstance(self._value, _Tracer):
+            raise TraceContextError(
+                f"Cannot {_PHRASES[operation]} Variable '{self.name}' inside jax.jit or another JAX "
+                "transformation: use statevar.jit, which carries the update out of the trace."
+            )
+        donating, copying = _update.UPDATES[operation]
+        with self._lock:
+            update = donating if sys.getrefcount(self._value) <= _update.SOLE_HOLDER else copying
+            self._value = update(self._value, *operands)
+        if _placement._settings.log_placement:
+            _placement.log(self.name, operation, self.device)
+        return self
+
+    # ----------------------------------------------------------------- Python protocols
+
+    def __repr__(self) -> str:
+        try:
+            array = np.asarray(self._value)
+            text = repr(array.item()) if array.ndim == 0 else np.array_repr(array)
+            if "\n" in text:
+                text = "\n" + text
+        except Exception as error:  # repr must never raise
+            text = f"<unavailable: {type(error).__name__}>"
+        try:
+            shape, dtype = self.shape, self.dtype
+        except Exception:
+            shape, dtype = "?", "?"
+        return f"<Variable '{self.name}' shape={shape} dtype={dtype}, numpy={text}>"
+
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        return bool(self._read())
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of unsized Variable '{self.name}' (shape ())")
+        return self.shape[0]
+
+    def __iter__(self):
+        return iter(self._read())
+
+    def __float__(self) -> float:
+        return float(self._read())
+
+    def __int__(self) -> int:
+        return int(self._read())
+
+    def __complex__(self) -> complex:
+        return complex(self._read())
+
+    def __index__(self) -> int:
+        return self._read().__index__()
+
+    def __deepcopy__(self, memo: dict) -> Variable:
+        return Variable(self._read(), trainable=self._trainable, name=self._name, device=self.device)
+
+    # Pytree: a Variable flattens to its value, so plain jax.jit, jax.tree and jnp
+    # functions accept it; an unflattened Variable is a read-only view inside the trace.
+    def tree_flatten(self) -> tuple[tuple[jax.Array], tuple[str | None, bool]]:
+        return (self._read(),), (self._name, self._trainable)
+
+    @classmethod
+    def tree_unflatten(cls, aux: tuple[str | None, bool], children: tuple[Any]) -> Variable:
+        view = object.__new__(cls)
+        view._name, view._trainable = aux
+        view._lock = threading.Lock()
+        view._value = children[0]
+        return view
+
+
+jax.tree_util.register_pytree_node_class(Variable)
+
+
+def _unwrap(index: Any) -> Any:
+    if isinstance(index, Variable):
+        return index._read()
+    if isinstance(index, tuple):
+        return tuple(part._read() if isinstance(part, Variable) else part for part in index)
+    return index
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _colocate(a: Any, b: Any) -> tuple[Any, Any]:
+    """Moves concrete operands to the device scope's device, or ``b`` to ``a``'s device."""
+    scope = _placement.current_device()
+    if scope is not None:
+        return tuple(jax.device_put(x, scope) if _is_concrete_array(x) else x for x in (a, b))
+    if _is_concrete_array(a) and _is_concrete_array(b) and a.sharding != b.sharding and b.committed:
+        b = jax.device_put(b, a.sharding)
+    return a, b
+
+
+def _operand(x: Any) -> Any:
+    return x._read() if isinstance(x, Variable) else x
+
+
+def _binary(op: Any, reflected: bool = False) -> Any:
+    def method(self: Variable, other: Any) -> Any:
+        a, b = _colocate(self._read(), _operand(other))
+        return op(b, a) if reflected else op(a, b)
+
+    method.__name__ = op.__name__
+    return method
+
+
+def _unary(op: Any) -> Any:
+    def method(self: Variable) -> Any:
+        (a, _) = _colocate(self._read(), None)
+        return op(a)
+
+    method.__name__ = op.__name__
+    return method
+
+
+for _names, _op in [
+    (("__add__", "__radd__"), jnp.add),
+    (("__sub__", "__rsub__"), jnp.subtract),
+    (("__mul__", "__rmul__"), jnp.multiply),
+    (("__truediv__", "__rtruediv__"), jnp.true_divide),
+    (("__floordiv__", "__rfloordiv__"), jnp.floor_divide),
+    (("__mod__", "__rmod__"), jnp.mod),
+    (("__pow__", "__rpow__"), jnp.power),
+    (("__matmul__", "__rmatmul__"), jnp.matmul),
+    (("__and__", "__rand__"), jnp.bitwise_and),
+    (("__or__", "__ror__"), jnp.bitwise_or),
+    (("__xor__", "__rxor__"), jnp.bitwise_xor),
+]:
+    setattr(Variable, _names[0], _binary(_op))
+    setattr(Variable, _names[1], _binary(_op, reflected=True))
+
+for _name, _op in [
+    ("__eq__", jnp.equal),
+    ("__ne__", jnp.not_equal),
+    ("__lt__", jnp.less),
+    ("__le__", jnp.less_equal),
+    ("__gt__", jnp.greater),
+    ("__ge__", jnp.greater_equal),
+]:
+    setattr(Variable, _name, _binary(_op))
+
+for _name, _op in [
+    ("__neg__", jnp.negative),
+    ("__pos__", jnp.positive),
+    ("__abs__", jnp.abs),
+    ("__invert__", jnp.invert),
+]:
+    setattr(Variable, _name, _unary(_op))
