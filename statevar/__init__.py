@@ -8,6 +8,11 @@ from ._errors import PlacementError as PlacementError
 from ._errors import ShapeMismatchError as ShapeMismatchError
 from ._errors import StatevarError as StatevarError
 from ._errors import TraceContextError as TraceContextError
+from ._grad import grad as grad
+from ._grad import value_and_grad as value_and_grad
+from ._jit import jit as jit
+from ._module import Module as Module
+from ._optim import Optimizer as Optimizer
 from ._placement import PlacementWarning as PlacementWarning
 from ._placement import device as device
 from ._placement import set_log_device_placement as set_log_device_placement
@@ -21,6 +26,8 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "DtypeMismatchError",
+    "Module",
+    "Optimizer",
     "PlacementError",
     "PlacementWarning",
     "ShapeMismatchError",
@@ -28,6 +35,9 @@ __all__ = [
     "TraceContextError",
     "Variable",
     "device",
+    "grad",
+    "jit",
     "set_log_device_placement",
     "set_soft_device_placement",
+    "value_and_grad",
 ]

@@ -108,6 +108,9 @@ class Variable:
             )
         try:
             value = jnp.array(initial_value, dtype=dtype, copy=True)
+            if value.weak_type:
+                # A variable's dtype is fixed: Python scalars give a strongly typed array.
+                value = jnp.array(value, dtype=value.dtype)
         except (TypeError, ValueError) as error:
             raise DtypeMismatchError(
                 f"Cannot create Variable '{label}' from {type(initial_value).__name__} "

@@ -1,0 +1,262 @@
+"""`statevar.jit`: compile a function that reads and assigns variables."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import _trace, _update
+from ._module import Module
+from ._variable import Variable
+
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def _is_state(x: Any) -> bool:
+    return isinstance(x, (Variable, Module))
+
+
+class _Identity:
+    """Wraps the output variables as pytree aux data compared by identity."""
+
+    __slots__ = ("variables",)
+
+    def __init__(self, variables: tuple[Variable, ...]):
+        self.variables = variables
+
+
+class _NewValues:
+    """The new values of the variables a traced call assigned, as a pytree."""
+
+    __slots__ = ("owners", "values")
+
+    def __init__(self, owners: _Identity, values: list):
+        self.owners, self.values = owners, values
+
+
+jax.tree_util.register_pytree_node(
+    _NewValues,
+    lambda n: (n.values, n.owners),
+    lambda owners, values: _NewValues(owners, list(values)),
+)
+
+
+class _Entry:
+    """One compiled form of the function: the variables it lifts and its `jax.jit`."""
+
+    __slots__ = ("lifted", "jitted", "unlifted", "pinned")
+
+    def __init__(self, lifted: tuple[Variable, ...], jitted: Callable, pinned: tuple):
+        self.lifted = lifted
+        self.jitted = jitted
+        self.unlifted: tuple[Variable, ...] = ()
+        # Keeps the objects whose ids make up this entry's key alive, so ids are not reused.
+        self.pinned = pinned
+
+
+class JitFunction:
+    """A function compiled with `jax.jit` whose variable reads and assignments are lifted.
+
+    Created by `statevar.jit`.
+    """
+
+    def __init__(self, fn: Callable, **jit_kwargs: Any):
+        for forbidden in ("donate_argnums", "donate_argnames"):
+            if forbidden in jit_kwargs:
+                raise TypeError(
+                    f"statevar.jit does not take {forbidden}: it donates the variables' "
+                    "buffers itself; pass arrays you want donated as Variables instead"
+                )
+        static = jit_kwargs.pop("static_argnums", ())
+        self._static_argnums = frozenset((static,) if isinstance(static, int) else static)
+        names = jit_kwargs.pop("static_argnames", ())
+        self._static_argnames = frozenset((names,) if isinstance(names, str) else names)
+        self._fn = fn
+        self._jit_kwargs = jit_kwargs
+        self._entries: dict[Any, _Entry] = {}
+        self._static_positions_cache: dict[Any, frozenset[int]] = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _trace.innermost() is not None:
+            # Inside another statevar.jit or statevar.grad: run inline, in its trace.
+            return self._fn(*args, **kwargs)
+        leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=_is_state)
+        key_parts = [treedef]
+        dynamic, arg_variables, fixed = [], [], []
+        for position, leaf in enumerate(leaves):
+            if isinstance(leaf, _ARRAY_TYPES) and not self._is_static(treedef, position):
+                dynamic.append(leaf)
+            else:
+                if isinstance(leaf, Variable):
+                    arg_variables.append(leaf)
+                elif isinstance(leaf, Module):
+                    arg_variables.extend(leaf.variables)
+                fixed.append((position, leaf))
+                key_parts.append((position, _key_of(leaf)))
+        key = tuple(key_parts)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = self._compile(treedef, fixed, arg_variables, ())
+        arrays = _update.exclusive_or_copies([v._value for v in entry.lifted])
+        result, new = entry.jitted(arrays, dynamic)
+        for variable, value in zip(new.owners.variables, new.values, strict=True):
+            variable._value = value
+        if entry.unlifted:
+            # The trace read variables it could not see beforehand (their current values
+            # were used); lift them from the next call on.
+            self._entries[key] = self._compile(treedef, fixed, arg_variables, entry.unlifted)
+        return result
+
+    def _is_static(self, treedef: Any, position: int) -> bool:
+        if not (self._static_argnums or self._static_argnames):
+            return False
+        positions = self._static_positions_cache.get(treedef)
+        if positions is None:
+            positions = self._static_positions_cache[treedef] = self._static_positions(treedef)
+        return position in positions
+
+    def _static_positions(self, treedef: Any) -> frozenset[int]:
+        args, kwargs = treedef.unflatten(range(treedef.num_leaves))
+        positions = [
+            leaf
+            for i, arg in enumerate(args)
+            if i in self._static_argnums
+            for leaf in jax.tree.leaves(arg)
+        ]
+        positions += [
+            leaf for name, arg in kwargs.items() if name in self._static_argnames for leaf in jax.tree.leaves(arg)
+        ]
+        return frozenset(positions)
+
+    def _compile(self, treedef: Any, fixed: list, arg_variables: list, extra: tuple) -> _Entry:
+        lifted = tuple(dict.fromkeys([*arg_variables, *closure_variables(self._fn), *extra]))
+        lifted_set = set(lifted)
+        fn = self._fn
+
+        def pure(arrays: list[jax.Array], dynamic: list[Any]) -> Any:
+            frame = _trace.Frame("jit", dict(zip(lifted, arrays, strict=True)))
+            with frame:
+                leaves, remaining, fixed_iter = [], iter(dynamic), iter(fixed)
+                next_fixed = next(fixed_iter, None)
+                for position in range(treedef.num_leaves):
+                    if next_fixed is not None and next_fixed[0] == position:
+                        leaves.append(next_fixed[1])
+                        next_fixed = next(fixed_iter, None)
+                    else:
+                        leaves.append(next(remaining))
+                args, kwargs = treedef.unflatten(leaves)
+                result = fn(*args, **kwargs)
+                result = jax.tree.map(lambda x: x._read() if isinstance(x, Variable) else x, result, is_leaf=_is_state)
+            entry.unlifted = tuple(frame.unlifted)
+            owners = (*lifted, *(v for v in frame.written if v not in lifted_set))
+            return result, _NewValues(_Identity(owners), [frame.values[v] for v in owners])
+
+        entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), tuple(leaf for _, leaf in fixed))
+        return entry
+
+
+def _key_of(leaf: Any) -> Any:
+    try:
+        hash(leaf)
+    except TypeError:
+        return ("id", id(leaf))
+    if isinstance(leaf, (Variable, Module)):
+        return ("id", id(leaf))
+    return ("value", type(leaf), leaf)
+
+
+def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
+    """Compiles ``fn`` with `jax.jit`, letting it read and assign variables.
+
+    Like ``tf.function``: ``fn`` may read and assign any Variables, captured by closure or
+    passed in its arguments (directly, in containers, or inside Modules). Assignments take
+    effect when the call returns. The variables' buffers are donated to the compiled call,
+    so updates happen in place; an array read earlier stays valid (its variable is copied
+    before donating instead). ``fn`` is traced again only when the set of variables it
+    touches, or a shape, dtype or sharding, changes.
+
+    Variables a function reaches through globals, closures, functions it calls from its own
+    module and the Modules and Optimizers those hold are found before the first trace. A
+    variable reached any other way is found while tracing: that first call uses its current
+    value and the next call traces once more to lift it.
+
+    Args:
+      fn: the function. Its arguments may hold Variables, Modules, arrays and Python
+        scalars; anything else is treated as static.
+      **jit_kwargs: passed to `jax.jit` (e.g. ``static_argnums``), except ``donate_*``.
+
+    Returns:
+      The compiled function.
+
+    Raises:
+      TypeError: if ``donate_argnums`` or ``donate_argnames`` is given.
+      TraceContextError: if ``fn`` creates a Variable.
+
+    Example:
+      >>> import statevar
+      >>> total = statevar.Variable(0.0)
+      >>> @statevar.jit
+      ... def accumulate(x):
+      ...     total.assign_add(x.sum())
+      ...     return total.value * 2
+      >>> accumulate(jax.numpy.ones(3))
+      Array(6., dtype=float32)
+      >>> total
+      <Variable 'Variable' shape=() dtype=float32, numpy=3.0>
+    """
+    if fn is None:
+        return functools.partial(jit, **jit_kwargs)
+    return JitFunction(fn, **jit_kwargs)
+
+
+def closure_variables(fn: Any) -> list[Variable]:
+    """Returns the variables ``fn`` can reach through its closure and globals.
+
+    Follows Modules, objects with ``_statevar_variables`` (Optimizers), containers, bound
+    methods, ``functools.partial`` and functions defined in ``fn``'s own module.
+    """
+    found: dict[Variable, None] = {}
+    home = getattr(inspect.unwrap(fn), "__module__", None) if callable(fn) else None
+    seen: set[int] = set()
+
+    def collect(obj: Any, depth: int) -> None:
+        if id(obj) in seen or depth > 6:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, Variable):
+            found[obj] = None
+        elif hasattr(type(obj), "_statevar_variables"):
+            found.update(dict.fromkeys(obj._statevar_variables()))
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            for item in obj:
+                collect(item, depth + 1)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                collect(item, depth + 1)
+        elif isinstance(obj, types.MethodType):
+            collect(obj.__self__, depth + 1)
+            collect(obj.__func__, depth + 1)
+        elif isinstance(obj, functools.partial):
+            collect(obj.func, depth + 1)
+            collect(obj.args, depth + 1)
+            collect(obj.keywords, depth + 1)
+        elif isinstance(obj, JitFunction):
+            collect(obj._fn, depth + 1)
+        elif isinstance(obj, types.FunctionType) and (depth == 0 or obj.__module__ == home):
+            try:
+                names = inspect.getclosurevars(obj)
+            except (TypeError, ValueError):
+                return
+            for value in (*names.nonlocals.values(), *names.globals.values()):
+                if not isinstance(value, types.ModuleType):
+                    collect(value, depth + 1)
+
+    collect(fn, 0)
+    return list(found)

@@ -1,0 +1,137 @@
+"""`Module`: a container that finds the Variables and sub-Modules its attributes hold."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ._variable import Variable
+
+
+class Module:
+    """Base class for models and layers, in the manner of ``tf.Module``.
+
+    A Module finds the Variables and sub-Modules held in its attributes, including inside
+    lists, tuples and dicts, in attribute order. Each variable created without a ``name=``
+    is known by its path in the module tree (``"layers/0/kernel"``); a variable with an
+    explicit name is known by that name. These names key gradients, summaries and
+    checkpoints.
+
+    Example:
+      >>> import statevar
+      >>> class Dense(statevar.Module):
+      ...     def __init__(self):
+      ...         self.kernel = statevar.Variable([[1.0], [2.0]])
+      ...         self.bias = statevar.Variable([0.0])
+      >>> class Model(statevar.Module):
+      ...     def __init__(self):
+      ...         self.layers = [Dense(), Dense()]
+      ...         self.step = statevar.Variable(0, trainable=False, name="step")
+      >>> list(Model().named_variables())
+      ['layers/0/kernel', 'layers/0/bias', 'layers/1/kernel', 'layers/1/bias', 'step']
+    """
+
+    def _walk(self) -> Iterator[tuple[str, Variable | Module]]:
+        """Yields ``(path, item)`` for every Variable and Module below this one, once each."""
+        seen: set[int] = {id(self)}
+
+        def visit(obj: Any, path: str) -> Iterator[tuple[str, Variable | Module]]:
+            if isinstance(obj, Variable):
+                if id(obj) not in seen:
+                    seen.add(id(obj))
+                    yield path, obj
+            elif isinstance(obj, Module):
+                if id(obj) not in seen:
+                    seen.add(id(obj))
+                    yield path, obj
+                    yield from children(obj, path + "/")
+            elif isinstance(obj, (list, tuple)):
+                for i, item in enumerate(obj):
+                    yield from visit(item, f"{path}/{i}")
+            elif isinstance(obj, dict):
+                for key, item in obj.items():
+                    yield from visit(item, f"{path}/{key}")
+
+        def children(module: Module, prefix: str) -> Iterator[tuple[str, Variable | Module]]:
+            for attribute, obj in vars(module).items():
+                yield from visit(obj, prefix + attribute)
+
+        yield from children(self, "")
+
+    def named_variables(self) -> dict[str, Variable]:
+        """Returns every variable by its name: its explicit ``name=``, else its path.
+
+        Raises:
+          ValueError: if two variables would have the same name.
+        """
+        named: dict[str, Variable] = {}
+        paths: dict[str, str] = {}
+        for path, item in self._walk():
+            if not isinstance(item, Variable):
+                continue
+            key = item._name if item._name is not None else path
+            if key in named:
+                raise ValueError(
+                    f"Two variables in {type(self).__name__} have the name {key!r} (at "
+                    f"{paths[key]!r} and {path!r}); give them distinct name= values"
+                )
+            named[key], paths[key] = item, path
+        return named
+
+    @property
+    def variables(self) -> tuple[Variable, ...]:
+        """Every variable in this module and its sub-modules, in attribute order."""
+        return tuple(item for _, item in self._walk() if isinstance(item, Variable))
+
+    @property
+    def trainable_variables(self) -> tuple[Variable, ...]:
+        """The variables whose ``trainable`` flag is set."""
+        return tuple(v for v in self.variables if v.trainable)
+
+    @property
+    def non_trainable_variables(self) -> tuple[Variable, ...]:
+        """The variables whose ``trainable`` flag is not set."""
+        return tuple(v for v in self.variables if not v.trainable)
+
+    @property
+    def submodules(self) -> tuple[Module, ...]:
+        """Every module below this one (not including itself)."""
+        return tuple(item for _, item in self._walk() if isinstance(item, Module))
+
+    def _statevar_variables(self) -> tuple[Variable, ...]:
+        return self.variables
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, Variable)
+
+
+def variable_tree(target: Any, what: str) -> Any:
+    """Returns ``target`` as a pytree whose leaves are Variables.
+
+    A Variable stays a Variable, a Module becomes a dict keyed by its variables' names, and
+    lists, tuples and dicts keep their structure (Modules inside them become dicts too).
+
+    Args:
+      target: a Variable, a Module, or a list, tuple or dict of them.
+      what: how the caller names ``target`` in messages (e.g. ``"statevar.grad's wrt"``).
+
+    Raises:
+      TypeError: if anything else is found, naming what and where.
+    """
+
+    def convert(obj: Any, path: str) -> Any:
+        if isinstance(obj, Variable):
+            return obj
+        if isinstance(obj, Module):
+            return obj.named_variables()
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(convert(item, f"{path}[{i}]") for i, item in enumerate(obj))
+        if isinstance(obj, dict):
+            return {key: convert(item, f"{path}[{key!r}]") for key, item in obj.items()}
+        raise TypeError(
+            f"Expected {what} to be a Variable, a Module, or a list, tuple or dict of them; "
+            f"got {type(obj).__name__} at {path or 'the top level'}"
+        )
+
+    return convert(target, "")

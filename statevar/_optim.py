@@ -1,0 +1,135 @@
+"""`Optimizer`: an optax gradient transformation that updates variables in place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from . import _trace
+from ._jit import jit
+from ._module import _is_variable, variable_tree
+from ._variable import Variable
+
+
+class Optimizer:
+    """Applies an `optax.GradientTransformation` to variables, in place.
+
+    The optimizer's state (moments, step counts) lives in non-trainable Variables, so it is
+    donated and updated in place like the parameters, and saved with them. `apply` works
+    eagerly (as one compiled, donating call) and inside `statevar.jit`.
+
+    Args:
+      tx: the optax transformation, e.g. ``optax.adam(1e-3)``.
+      variables: a Variable, a Module, or a list, tuple or dict of them; the trainable,
+        floating-point ones are optimized. Gradients passed to `apply` mirror this
+        structure, as `statevar.grad` gives them for the same ``wrt``.
+
+    Raises:
+      TypeError: if ``tx`` is not an optax transformation or ``variables`` holds anything
+        but Variables and Modules.
+
+    Example:
+      >>> import optax, statevar
+      >>> w = statevar.Variable([1.0, 2.0])
+      >>> opt = statevar.Optimizer(optax.sgd(0.5), w)
+      >>> opt.apply(statevar.grad(lambda: (w * w).sum(), w)())
+      >>> w
+      <Variable 'Variable' shape=(2,) dtype=float32, numpy=array([0., 0.], dtype=float32)>
+    """
+
+    def __init__(self, tx: optax.GradientTransformation, variables: Any):
+        if not (hasattr(tx, "init") and hasattr(tx, "update")):
+            raise TypeError(
+                f"Expected an optax.GradientTransformation such as optax.adam(1e-3), got "
+                f"{type(tx).__name__}"
+            )
+        self._tx = tx
+        self._variables = variables
+        leaves, self._treedef = jax.tree.flatten(
+            variable_tree(variables, "the Optimizer's variables"), is_leaf=_is_variable
+        )
+        self._leaves = tuple(leaves)
+        self._params = tuple(
+            dict.fromkeys(v for v in leaves if v.trainable and jnp.issubdtype(v.dtype, jnp.inexact))
+        )
+        state = tx.init([v.value for v in self._params])
+        state_leaves, self._state_treedef = jax.tree.flatten(state)
+        self._state = tuple(
+            Variable(leaf, trainable=False, name=f"optimizer/{i}") for i, leaf in enumerate(state_leaves)
+        )
+        self._compiled_apply = jit(self._apply_traced)
+
+    @property
+    def variables(self) -> tuple[Variable, ...]:
+        """The variables this optimizer updates."""
+        return self._params
+
+    @property
+    def state_variables(self) -> tuple[Variable, ...]:
+        """The non-trainable variables holding the optimizer's state."""
+        return self._state
+
+    def _statevar_variables(self) -> tuple[Variable, ...]:
+        return (*self._params, *self._state)
+
+    def apply(self, grads: Any) -> None:
+        """Updates the variables in place from ``grads``.
+
+        Donates the variables' and the state's buffers when nothing else holds them;
+        arrays read earlier stay valid.
+
+        Args:
+          grads: gradients mirroring the ``variables`` given at construction, as
+            `statevar.grad` returns them; None (a non-trainable slot, or no gradient)
+            leaves that variable unchanged.
+
+        Raises:
+          ValueError: if ``grads`` is structured differently or a gradient's shape does not
+            match its variable's.
+          TypeError: if a gradient is not an array.
+        """
+        flat = self._check(grads)
+        if _trace.innermost() is not None:
+            self._apply_traced(flat)
+        else:
+            self._compiled_apply(flat)
+
+    def _check(self, grads: Any) -> list[Any]:
+        leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or _is_variable(x))
+        if treedef != self._treedef:
+            raise ValueError(
+                f"Expected gradients structured like the optimizer's variables, "
+                f"{self._treedef}, got {treedef}"
+            )
+        by_variable: dict[Variable, Any] = {}
+        params = set(self._params)
+        for variable, gradient in zip(self._leaves, leaves, strict=True):
+            if gradient is None or variable not in params:
+                continue
+            if not hasattr(gradient, "shape"):
+                raise TypeError(
+                    f"Expected an array gradient for Variable '{variable.name}', got "
+                    f"{type(gradient).__name__}"
+                )
+            if tuple(gradient.shape) != variable.shape:
+                raise ValueError(
+                    f"Gradient for Variable '{variable.name}' has shape {tuple(gradient.shape)}, "
+                    f"expected the variable's shape {variable.shape}"
+                )
+            by_variable[variable] = gradient
+        return [by_variable.get(v) for v in self._params]
+
+    def _apply_traced(self, grads: list[Any]) -> None:
+        params = [v.value for v in self._params]
+        state = self._state_treedef.unflatten([s.value for s in self._state])
+        filled = [jnp.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+        updates, new_state = self._tx.update(filled, state, params)
+        new_params = optax.apply_updates(params, updates)
+        for variable, gradient, new in zip(self._params, grads, new_params, strict=True):
+            if gradient is not None:
+                variable.assign(new)
+        for variable, new in zip(self._state, jax.tree.leaves(new_state), strict=True):
+            variable.assign(new)
