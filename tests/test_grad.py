@@ -1,0 +1,147 @@
+"""statevar.grad and statevar.value_and_grad."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import pytest
+
+import statevar
+
+
+class Linear(statevar.Module):
+    def __init__(self):
+        self.kernel = statevar.Variable([[1.0, -2.0], [0.5, 3.0]])
+        self.bias = statevar.Variable([0.1, -0.1])
+        self.calls = statevar.Variable(0, trainable=False)
+
+    def __call__(self, x):
+        return x @ self.kernel + self.bias
+
+
+def _pure_loss(kernel, bias, x):
+    return jnp.sum((x @ kernel + bias) ** 2)
+
+
+X = jnp.array([[1.0, 2.0], [3.0, -1.0]])
+
+
+def test_tape_example_trainable_versus_not():
+    w = statevar.Variable(3.0)
+    nt = statevar.Variable(2.0, trainable=False)
+    dw, dnt = statevar.grad(lambda: w * w * nt, [w, nt])()
+    chex.assert_trees_all_close(dw, 12.0)
+    assert dnt is None
+
+
+def test_module_gradients_equal_jax_grad_of_the_pure_function():
+    model = Linear()
+    grads = statevar.grad(lambda x: jnp.sum(model(x) ** 2), model)(X)
+    expected_kernel, expected_bias = jax.grad(_pure_loss, argnums=(0, 1))(
+        model.kernel.value, model.bias.value, X
+    )
+    assert set(grads) == {"kernel", "bias", "calls"}
+    chex.assert_trees_all_close(grads["kernel"], expected_kernel)
+    chex.assert_trees_all_close(grads["bias"], expected_bias)
+    assert grads["calls"] is None  # non-trainable (and integer)
+
+
+@pytest.mark.parametrize("structure", ["variable", "list", "tuple", "dict"])
+def test_gradients_mirror_the_structure_of_wrt(structure):
+    model = Linear()
+    wrt = {
+        "variable": model.kernel,
+        "list": [model.kernel, model.bias],
+        "tuple": (model.kernel, model.bias),
+        "dict": {"k": model.kernel, "b": model.bias},
+    }[structure]
+    grads = statevar.grad(lambda: jnp.sum(model(X) ** 2), wrt)()
+    expected = jax.grad(_pure_loss, argnums=(0, 1))(model.kernel.value, model.bias.value, X)
+    if structure == "variable":
+        chex.assert_trees_all_close(grads, expected[0])
+    elif structure == "dict":
+        chex.assert_trees_all_close(grads, {"k": expected[0], "b": expected[1]})
+    else:
+        assert type(grads) is type(wrt)
+        chex.assert_trees_all_close(tuple(grads), expected)
+
+
+def test_value_and_grad_with_aux_and_arguments():
+    w = statevar.Variable([1.0, 2.0])
+
+    def loss(scale):
+        value = jnp.sum(w.value**2) * scale
+        return value, {"norm": jnp.linalg.norm(w.value)}
+
+    (value, aux), dw = statevar.value_and_grad(loss, w, has_aux=True)(3.0)
+    chex.assert_trees_all_close(value, 15.0)
+    chex.assert_trees_all_close(aux["norm"], jnp.sqrt(5.0))
+    chex.assert_trees_all_close(dw, jnp.array([6.0, 12.0]))
+
+
+def test_the_same_variable_twice_gets_the_full_gradient_in_both_slots():
+    w = statevar.Variable(2.0)
+    first, second = statevar.grad(lambda: w * w, [w, w])()
+    chex.assert_trees_all_close((first, second), (4.0, 4.0))
+
+
+def test_freezing_later_makes_the_slot_none():
+    w = statevar.Variable(2.0)
+    w.trainable = False
+    assert statevar.grad(lambda: w * w, w)() is None
+
+
+def test_variables_hold_concrete_arrays_after_the_call():
+    model = Linear()
+    statevar.grad(lambda: jnp.sum(model(X)), model)()
+    for variable in model.variables:
+        assert not isinstance(variable._value, jax.core.Tracer)
+        assert not isinstance(variable.value, jax.core.Tracer)
+
+
+def test_grad_does_not_change_variables():
+    model = Linear()
+    before = [v.numpy() for v in model.variables]
+    statevar.grad(lambda: jnp.sum(model(X)), model)()
+    chex.assert_trees_all_equal([v.numpy() for v in model.variables], before)
+
+
+@pytest.mark.parametrize("bad", [3.0, "kernel", [statevar.Variable(1.0), 2.0], {"a": None}])
+def test_wrt_must_be_variables(bad):
+    with pytest.raises(TypeError, match="Expected statevar.grad's wrt to be a Variable, a Module, or a list"):
+        statevar.grad(lambda: 0.0, bad)
+
+
+def test_assigning_inside_grad_is_refused_and_changes_nothing():
+    w = statevar.Variable(1.0)
+    counter = statevar.Variable(0, trainable=False, name="counter")
+
+    def loss():
+        counter.assign_add(1)
+        return w * w
+
+    with pytest.raises(statevar.TraceContextError, match="Cannot assign_add to Variable 'counter' inside statevar.grad"):
+        statevar.grad(loss, w)()
+    assert int(counter) == 0 and not isinstance(counter._value, jax.core.Tracer)
+
+
+def test_creating_a_variable_inside_grad_is_refused():
+    w = statevar.Variable(1.0)
+
+    def loss():
+        statevar.Variable(0.0, name="scratch")
+        return w * w
+
+    with pytest.raises(statevar.TraceContextError, match="Cannot create Variable 'scratch' inside statevar.grad"):
+        statevar.grad(loss, w)()
+
+
+def test_plain_jax_grad_assigning_a_variable_is_a_clear_error():
+    w = statevar.Variable(1.0, name="w")
+
+    def loss(x):
+        w.assign(x)
+        return x * x
+
+    with pytest.raises(statevar.TraceContextError, match="Cannot assign to Variable 'w' inside jax.jit, jax.grad"):
+        jax.grad(loss)(2.0)
+    assert float(w) == 1.0

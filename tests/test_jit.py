@@ -1,0 +1,268 @@
+"""statevar.jit: reading and assigning variables in compiled functions."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import statevar
+
+
+class Linear(statevar.Module):
+    def __init__(self):
+        self.kernel = statevar.Variable([[1.0, -2.0], [0.5, 3.0]])
+        self.bias = statevar.Variable([0.1, -0.1])
+        self.steps = statevar.Variable(0, trainable=False)
+
+    def __call__(self, x):
+        return x @ self.kernel + self.bias
+
+
+X = jnp.array([[1.0, 2.0], [3.0, -1.0]])
+
+
+def _identity(fn):
+    return fn
+
+
+@pytest.mark.parametrize("transform", [statevar.jit, _identity], ids=["jit", "eager"])
+def test_closure_step_reads_and_assigns(transform):
+    model = Linear()
+
+    @transform
+    def step(x):
+        loss, grads = statevar.value_and_grad(lambda: jnp.sum(model(x) ** 2), model)()
+        model.kernel.assign_sub(0.01 * grads["kernel"])
+        model.bias.assign_sub(0.01 * grads["bias"])
+        model.steps.assign_add(1)
+        return loss
+
+    losses = [float(step(X)) for _ in range(3)]
+    assert int(model.steps) == 3
+    assert losses[2] < losses[1] < losses[0]
+    # Same numbers as the pure-JAX computation.
+    kernel, bias = jnp.array([[1.0, -2.0], [0.5, 3.0]]), jnp.array([0.1, -0.1])
+    for _ in range(3):
+        gk, gb = jax.grad(lambda k, b: jnp.sum((X @ k + b) ** 2), argnums=(0, 1))(kernel, bias)
+        kernel, bias = kernel - 0.01 * gk, bias - 0.01 * gb
+    chex.assert_trees_all_close((model.kernel.value, model.bias.value), (kernel, bias), rtol=1e-6)
+
+
+def test_jit_and_eager_agree_on_an_optimizer_step():
+    import optax
+
+    results = []
+    for transform in (statevar.jit, _identity):
+        model = Linear()
+        opt = statevar.Optimizer(optax.adam(0.1), model)
+
+        def step(x, model=model, opt=opt):
+            loss, grads = statevar.value_and_grad(lambda: jnp.sum(model(x) ** 2), model)()
+            opt.apply(grads)
+            return loss
+
+        step = transform(step)
+        losses = [step(X) for _ in range(4)]
+        results.append((losses, [v.value for v in model.variables]))
+    chex.assert_trees_all_close(results[0], results[1], rtol=1e-5)
+
+
+def test_no_retrace_on_later_calls():
+    model = Linear()
+
+    @statevar.jit
+    @chex.assert_max_traces(n=1)
+    def step(x):
+        model.steps.assign_add(1)
+        model.kernel.assign(model.kernel.value * 0.5)
+        return model(x)
+
+    for _ in range(5):
+        step(X)
+    assert int(model.steps) == 5
+
+
+def test_retraces_when_a_shape_changes_and_only_then():
+    traces = []
+    total = statevar.Variable(0.0)
+
+    @statevar.jit
+    def accumulate(x):
+        traces.append(x.shape)
+        total.assign_add(x.sum())
+
+    accumulate(jnp.ones(3))
+    accumulate(jnp.ones(3))
+    accumulate(jnp.ones(4))
+    accumulate(jnp.ones(4))
+    assert traces == [(3,), (4,)]
+    assert float(total) == 14.0
+
+
+def test_variables_passed_as_arguments_directly_in_containers_and_in_modules():
+    a, b = statevar.Variable(1.0), statevar.Variable(2.0)
+    model = Linear()
+
+    @statevar.jit
+    @chex.assert_max_traces(n=1)
+    def step(pair, named, module):
+        pair[0].assign_add(1.0)
+        named["b"].assign(named["b"].value * 10)
+        module.steps.assign_add(2)
+        return pair[1].value + 1
+
+    for _ in range(2):
+        out = step([a, b], {"b": b}, model)
+    assert float(a) == 3.0 and float(b) == 200.0 and int(model.steps) == 4
+    chex.assert_trees_all_close(out, 201.0)  # reads see the assignment made just before
+
+
+def test_different_variables_passed_in_the_same_slot_each_get_their_update():
+    @statevar.jit
+    def bump(v):
+        v.assign_add(1.0)
+
+    first, second = statevar.Variable(0.0), statevar.Variable(10.0)
+    bump(first)
+    bump(second)
+    bump(first)
+    assert (float(first), float(second)) == (2.0, 11.0)
+
+
+def test_buffers_are_donated_and_earlier_reads_stay_valid():
+    w = statevar.Variable(jnp.zeros(1024))
+
+    @statevar.jit
+    def step():
+        w.assign_add(1.0)
+
+    step()
+    pointer = w._value.unsafe_buffer_pointer()
+    step()
+    assert w._value.unsafe_buffer_pointer() == pointer  # donated: updated in place
+    held = w.value
+    step()
+    assert not held.is_deleted()
+    chex.assert_trees_all_close(held, jnp.full(1024, 2.0))
+    chex.assert_trees_all_close(w.value, jnp.full(1024, 3.0))
+
+
+def test_returning_a_variable_returns_its_value():
+    v = statevar.Variable([1.0, 2.0])
+
+    @statevar.jit
+    def step():
+        v.assign_add(1.0)
+        return v
+
+    out = step()
+    assert isinstance(out, jax.Array)
+    chex.assert_trees_all_close(out, jnp.array([2.0, 3.0]))
+
+
+def test_a_variable_found_only_while_tracing_is_lifted_on_the_next_call():
+    class Holder:  # a plain object: statevar cannot see inside before tracing
+        def __init__(self):
+            self.v = statevar.Variable(1.0)
+
+    holder = Holder()
+    traces = []
+
+    def read():
+        return holder.v.value
+
+    hidden = {"get": read}
+
+    @statevar.jit
+    def step():
+        traces.append(1)
+        return hidden["get"]() * 2
+
+    results = []
+    for value in (1.0, 5.0, 7.0, 9.0):
+        holder.v.assign(value)
+        results.append(float(step()))
+    assert results == [2.0, 10.0, 14.0, 18.0]  # never a stale value
+    assert len(traces) == 2  # traced once more to lift holder.v, then never again
+
+
+def test_static_argnums():
+    v = statevar.Variable(1.0)
+
+    @statevar.jit
+    def scale(x, mode):
+        return x * v.value * (2 if mode == "double" else 1)
+
+    scaled = statevar.jit(scale._fn, static_argnums=1)
+    assert float(scaled(jnp.float32(3.0), "double")) == 6.0
+    assert float(scaled(jnp.float32(3.0), "single")) == 3.0
+
+
+def test_non_array_arguments_are_static():
+    v = statevar.Variable(2.0)
+
+    @statevar.jit
+    def apply(fn, x):
+        return fn(x) * v.value
+
+    assert float(apply(jnp.square, 3.0)) == 18.0
+    assert float(apply(jnp.negative, 3.0)) == -6.0
+
+
+def test_nested_statevar_jit_runs_inline():
+    v = statevar.Variable(0.0)
+
+    @statevar.jit
+    def inner():
+        v.assign_add(1.0)
+
+    @statevar.jit
+    def outer():
+        inner()
+        inner()
+
+    outer()
+    assert float(v) == 2.0
+
+
+def test_creating_a_variable_inside_jit_is_refused():
+    @statevar.jit
+    def make():
+        return statevar.Variable(1.0, name="fresh").value
+
+    with pytest.raises(statevar.TraceContextError, match="Cannot create Variable 'fresh' inside statevar.jit.*outside"):
+        make()
+
+
+def test_donate_argnums_is_refused():
+    with pytest.raises(TypeError, match="statevar.jit does not take donate_argnums"):
+        statevar.jit(lambda x: x, donate_argnums=0)
+
+
+def test_plain_jax_jit_assigning_a_variable_is_a_clear_error_and_keeps_the_value():
+    v = statevar.Variable([1.0, 2.0], name="weights")
+
+    @jax.jit
+    def bad(x):
+        v.assign(x)
+        return x
+
+    with pytest.raises(statevar.TraceContextError, match="Cannot assign to Variable 'weights' inside jax.jit"):
+        bad(jnp.zeros(2))
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    assert not isinstance(v._value, jax.core.Tracer)
+
+
+def test_plain_jax_jit_on_a_variable_argument_is_read_only():
+    v = statevar.Variable([1.0, 2.0], name="weights")
+
+    @jax.jit
+    def bad(var):
+        var.assign_add(1.0)
+        return var.value
+
+    with pytest.raises(statevar.TraceContextError, match="Cannot assign_add to Variable 'weights' inside jax.jit"):
+        bad(v)
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    chex.assert_trees_all_close(jax.jit(lambda var: var * 2)(v), jnp.array([2.0, 4.0]))

@@ -1,0 +1,80 @@
+"""statevar.Module: finding variables, path names."""
+
+import pytest
+
+import statevar
+
+
+class Dense(statevar.Module):
+    def __init__(self, n_in=2, n_out=3):
+        self.kernel = statevar.Variable([[1.0] * n_out] * n_in)
+        self.bias = statevar.Variable([0.0] * n_out)
+
+
+class Model(statevar.Module):
+    def __init__(self):
+        self.layers = [Dense(), Dense(3, 1)]
+        self.heads = {"main": Dense(1, 1)}
+        self.step = statevar.Variable(0, trainable=False, name="step")
+        self.config = {"width": 3}  # not a variable: ignored
+
+
+def test_named_variables_are_paths_in_the_module_tree():
+    model = Model()
+    assert list(model.named_variables()) == [
+        "layers/0/kernel",
+        "layers/0/bias",
+        "layers/1/kernel",
+        "layers/1/bias",
+        "heads/main/kernel",
+        "heads/main/bias",
+        "step",
+    ]
+    assert model.named_variables()["layers/1/kernel"] is model.layers[1].kernel
+
+
+def test_variables_trainable_and_non_trainable():
+    model = Model()
+    assert len(model.variables) == 7
+    assert model.non_trainable_variables == (model.step,)
+    assert len(model.trainable_variables) == 6
+    model.layers[0].bias.trainable = False
+    assert model.layers[0].bias in set(model.non_trainable_variables)
+
+
+def test_submodules_lists_every_module_below():
+    model = Model()
+    assert set(map(id, model.submodules)) == {
+        id(model.layers[0]),
+        id(model.layers[1]),
+        id(model.heads["main"]),
+    }
+
+
+def test_shared_variable_and_cycles_are_listed_once():
+    model = Model()
+    model.alias = model.layers[0].kernel
+    model.parent = model  # a cycle must not loop forever
+    model.layers[1].back = model
+    assert len(model.variables) == 7
+
+
+def test_explicit_names_win_over_paths():
+    layer = Dense()
+    layer.kernel = statevar.Variable([1.0], name="w")
+    assert list(layer.named_variables()) == ["w", "bias"]
+
+
+def test_duplicate_names_are_an_error():
+    layer = Dense()
+    layer.kernel = statevar.Variable([1.0], name="same")
+    layer.bias = statevar.Variable([1.0], name="same")
+    with pytest.raises(ValueError, match=r"Two variables in Dense have the name 'same' \(at 'kernel' and 'bias'\)"):
+        layer.named_variables()
+
+
+def test_module_without_init_call_works():
+    class Empty(statevar.Module):
+        pass
+
+    assert Empty().variables == ()

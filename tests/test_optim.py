@@ -1,0 +1,104 @@
+"""statevar.Optimizer: optax transformations applied in place."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import statevar
+
+
+class Linear(statevar.Module):
+    def __init__(self):
+        self.kernel = statevar.Variable([[1.0, -2.0], [0.5, 3.0]])
+        self.bias = statevar.Variable([0.1, -0.1])
+        self.steps = statevar.Variable(0, trainable=False, name="steps")
+
+    def __call__(self, x):
+        return x @ self.kernel + self.bias
+
+
+X = jnp.array([[1.0, 2.0], [3.0, -1.0]])
+
+
+def _pure_adam(steps):
+    params = {"bias": jnp.array([0.1, -0.1]), "kernel": jnp.array([[1.0, -2.0], [0.5, 3.0]])}
+    tx = optax.adam(0.1)
+    state = tx.init(params)
+    for _ in range(steps):
+        grads = jax.grad(lambda p: jnp.sum((X @ p["kernel"] + p["bias"]) ** 2))(params)
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+    return params
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["jit", "eager"])
+def test_matches_pure_optax(compiled):
+    model = Linear()
+    opt = statevar.Optimizer(optax.adam(0.1), model)
+
+    def step(x):
+        grads = statevar.grad(lambda: jnp.sum(model(x) ** 2), model)()
+        opt.apply(grads)
+        model.steps.assign_add(1)
+
+    step = statevar.jit(step) if compiled else step
+    for _ in range(3):
+        step(X)
+    expected = _pure_adam(3)
+    chex.assert_trees_all_close(
+        {"bias": model.bias.value, "kernel": model.kernel.value}, expected, rtol=1e-5
+    )
+    assert int(model.steps) == 3  # the non-trainable step counter counts, untouched by adam
+
+
+def test_state_lives_in_non_trainable_variables_updated_in_place():
+    w = statevar.Variable(jnp.ones(256))
+    opt = statevar.Optimizer(optax.adam(0.1), w)
+    assert opt.variables == (w,)
+    assert opt.state_variables and not any(v.trainable for v in opt.state_variables)
+    opt.apply(jnp.ones(256))
+    pointers = [v._value.unsafe_buffer_pointer() for v in (w, *opt.state_variables)]
+    opt.apply(jnp.ones(256))
+    assert [v._value.unsafe_buffer_pointer() for v in (w, *opt.state_variables)] == pointers
+
+
+def test_a_none_gradient_leaves_the_variable_unchanged():
+    a, b = statevar.Variable(1.0), statevar.Variable(2.0)
+    opt = statevar.Optimizer(optax.sgd(1.0), [a, b])
+    opt.apply([jnp.float32(0.5), None])
+    assert (float(a), float(b)) == (0.5, 2.0)
+
+
+def test_gradients_must_mirror_the_variables():
+    model = Linear()
+    opt = statevar.Optimizer(optax.sgd(0.1), model)
+    with pytest.raises(ValueError, match="Expected gradients structured like the optimizer's variables"):
+        opt.apply([jnp.zeros((2, 2)), jnp.zeros(2)])
+    assert float(model.kernel[0, 0]) == 1.0
+
+
+def test_gradient_shape_must_match():
+    w = statevar.Variable([1.0, 2.0], name="w")
+    opt = statevar.Optimizer(optax.sgd(0.1), [w])
+    with pytest.raises(ValueError, match=r"Gradient for Variable 'w' has shape \(3,\), expected the variable's shape \(2,\)"):
+        opt.apply([jnp.zeros(3)])
+    chex.assert_trees_all_close(w.value, jnp.array([1.0, 2.0]))
+
+
+def test_gradient_must_be_an_array():
+    w = statevar.Variable([1.0, 2.0], name="w")
+    opt = statevar.Optimizer(optax.sgd(0.1), [w])
+    with pytest.raises(TypeError, match="Expected an array gradient for Variable 'w', got str"):
+        opt.apply(["oops"])
+
+
+def test_tx_must_be_an_optax_transformation():
+    with pytest.raises(TypeError, match="Expected an optax.GradientTransformation"):
+        statevar.Optimizer("adam", statevar.Variable(1.0))
+
+
+def test_variables_must_be_variables():
+    with pytest.raises(TypeError, match="Expected the Optimizer's variables to be a Variable, a Module"):
+        statevar.Optimizer(optax.sgd(0.1), [jnp.ones(2)])
