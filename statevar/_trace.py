@@ -72,11 +72,6 @@ def innermost() -> Frame | None:
     return stack[-1] if stack else None
 
 
-def in_jit() -> bool:
-    """Whether this thread is tracing inside `statevar.jit`."""
-    return any(frame.kind == "jit" for frame in _stack())
-
-
 def read(var: Variable) -> Any | None:
     """Returns ``var``'s traced value in this thread's frames, or None to read it eagerly.
 
