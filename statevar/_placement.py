@@ -144,7 +144,7 @@ def device(spec: str | jax.Device) -> Iterator[jax.Device]:
       >>> v.device.platform
       'cpu'
     """
-    resolved = resolve(spec, stacklevel=4)
+    resolved = resolve(spec, stacklevel=3)
     stack = _scope_stack()
     stack.append(resolved)
     try:

@@ -30,6 +30,13 @@ def _assign(old: jax.Array, value: Any) -> jax.Array:
     return _fit(value, old)
 
 
+def _assign_in_place(old: jax.Array, value: Any) -> jax.Array:
+    # Writing over ``old`` keeps it an input of the computation: JAX drops the donation of an
+    # argument the result does not use (so the update would take a fresh buffer) and places
+    # the computation by its remaining arguments (so a variable could change device).
+    return lax.dynamic_update_slice(old, _fit(value, old), (0,) * old.ndim)
+
+
 def _assign_add(old: jax.Array, delta: Any) -> jax.Array:
     return old + _fit(delta, old)
 
@@ -54,8 +61,8 @@ PURE: dict[str, Callable] = {
 }
 
 
-def _pair(operation: str, **kwargs: Any) -> tuple[Callable, Callable]:
-    pure = PURE[operation]
+def _pair(operation: str, pure: Callable | None = None, **kwargs: Any) -> tuple[Callable, Callable]:
+    pure = pure or PURE[operation]
 
     def counted(*args: Any) -> jax.Array:
         trace_counts[operation] = trace_counts.get(operation, 0) + 1
@@ -66,7 +73,7 @@ def _pair(operation: str, **kwargs: Any) -> tuple[Callable, Callable]:
 
 # (donating, copying) jitted versions of each update, for eager use.
 UPDATES: dict[str, tuple[Callable, Callable]] = {
-    "assign": _pair("assign"),
+    "assign": _pair("assign", _assign_in_place),
     "assign_add": _pair("assign_add"),
     "assign_sub": _pair("assign_sub"),
     "setitem": _pair("setitem", static_argnums=3),

@@ -39,6 +39,12 @@ def _family(dtype: np.dtype) -> int | None:
     return None
 
 
+@functools.cache
+def _integer_range(dtype: np.dtype) -> tuple[int, int]:
+    info = jnp.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
 def _is_concrete_array(x: Any) -> bool:
     return isinstance(x, jax.Array) and not isinstance(x, _Tracer)
 
@@ -108,9 +114,6 @@ class Variable:
             )
         try:
             value = jnp.array(initial_value, dtype=dtype, copy=True)
-            if value.weak_type:
-                # A variable's dtype is fixed: Python scalars give a strongly typed array.
-                value = jnp.array(value, dtype=value.dtype)
         except (TypeError, ValueError) as error:
             raise DtypeMismatchError(
                 f"Cannot create Variable '{label}' from {type(initial_value).__name__} "
@@ -121,8 +124,11 @@ class Variable:
                 f"Cannot create Variable '{label}' with dtype {value.dtype}: expected a "
                 "bool, integer, floating or complex dtype"
             )
+        if value.weak_type:
+            # A variable's dtype is fixed: Python scalars give a strongly typed array.
+            value = jnp.array(value, dtype=value.dtype)
         if device is not None:
-            placed_on = _placement.resolve(device, what=f"Variable '{label}'", stacklevel=3)
+            placed_on = _placement.resolve(device, what=f"Variable '{label}'", stacklevel=2)
         else:
             placed_on = _placement.current_device() or _default_device()
         self._name = name
@@ -266,6 +272,9 @@ class Variable:
                     f"Cannot set Variable '{self.name}'[{_short(index)}]: {error} "
                     f"(the variable's shape is {self.shape})"
                 ) from None
+            # A jitted update cannot take a boolean mask (the selection's shape would depend
+            # on its values), so a concrete mask becomes the integer indices it selects.
+            static, dynamic = _update.split_index(_masks_to_indices(index))
         else:
             target = jax.eval_shape(lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)).shape
         value = self._check(value, "setitem", target_shape=target)
@@ -310,6 +319,14 @@ class Variable:
                 f"cannot be converted safely to the variable's dtype {self.dtype}"
                 + ("" if source is None else f" ({_FAMILY_NAMES[source]} into {_FAMILY_NAMES[target]})")
             )
+        if source == _INT and not isinstance(value, jax.Array):
+            converted = _convert_host_integers(value, self.dtype)
+            if converted is None:
+                raise DtypeMismatchError(
+                    f"Cannot {operation} Variable '{self.name}': a value of dtype {described} "
+                    f"({_short(value)}) is out of range for the variable's dtype {self.dtype}"
+                )
+            value = converted
         expected = self.shape if target_shape is None else target_shape
         if shape != expected:
             try:
@@ -334,15 +351,19 @@ class Variable:
             new = _update.PURE[operation](old, *operands)
             _trace.write(self, new, _PHRASES[operation])
             return self
-        if isinstance(self._value, _Tracer):
-            raise TraceContextError(
-                f"Cannot {_PHRASES[operation]} Variable '{self.name}' inside jax.jit or another JAX "
-                "transformation: use statevar.jit, which carries the update out of the trace."
-            )
         donating, copying = _update.UPDATES[operation]
         with self._lock:
             update = donating if sys.getrefcount(self._value) <= _update.SOLE_HOLDER else copying
-            self._value = update(self._value, *operands)
+            new = update(self._value, *operands)
+            # Under jax.jit the update is only traced, even with concrete operands (nothing is
+            # donated then); storing its tracer would leak it out of the trace.
+            if isinstance(new, _Tracer):
+                raise TraceContextError(
+                    f"Cannot {_PHRASES[operation]} Variable '{self.name}' inside jax.jit or "
+                    "another JAX transformation: use statevar.jit, which carries the update out "
+                    "of the trace."
+                )
+            self._value = new
         if _placement._settings.log_placement:
             _placement.log(self.name, operation, self.device)
         return self
@@ -351,7 +372,11 @@ class Variable:
 
     def __repr__(self) -> str:
         try:
-            array = np.asarray(self._value)
+            # Under the lock, so that an update in another thread cannot donate the array
+            # between reading the attribute and converting it.
+            with self._lock:
+                value = self._value
+            array = np.asarray(value)
             text = repr(array.item()) if array.ndim == 0 else np.array_repr(array)
             if "\n" in text:
                 text = "\n" + text
@@ -414,6 +439,46 @@ def _unwrap(index: Any) -> Any:
     if isinstance(index, tuple):
         return tuple(part._read() if isinstance(part, Variable) else part for part in index)
     return index
+
+
+def _convert_host_integers(value: int | np.ndarray | np.generic, dtype: np.dtype) -> Any:
+    """Converts a Python int or NumPy integers to ``dtype`` on the host; None if out of range.
+
+    Converting on the host keeps every value exact that ``dtype`` can hold: on its way into
+    a jitted update a Python int becomes a weakly typed int32 (which overflows past 2**31)
+    and NumPy int64 becomes int32 with x64 off (which wraps), and the conversion to an
+    integer dtype wraps too (300 into int8 would give 44).
+    """
+    if _family(dtype) == _INT:
+        smallest, largest = _integer_range(dtype)
+        if isinstance(value, int):
+            low = high = value
+        else:
+            low, high = (value.min(), value.max()) if value.size else (0, 0)
+        if low < smallest or high > largest:
+            return None
+    try:
+        with np.errstate(over="raise"):
+            return np.asarray(value, dtype=dtype)
+    except (OverflowError, FloatingPointError):
+        return None
+
+
+def _is_mask(part: Any) -> bool:
+    is_array = _is_concrete_array(part) or isinstance(part, np.ndarray)
+    return is_array and part.dtype == np.bool_ and part.ndim > 0
+
+
+def _masks_to_indices(index: Any) -> Any:
+    """Replaces each concrete boolean mask in ``index`` by the integer arrays it selects."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if not any(_is_mask(part) for part in parts):
+        return index
+    return tuple(
+        selected
+        for part in parts
+        for selected in (np.nonzero(np.asarray(part)) if _is_mask(part) else (part,))
+    )
 
 
 def _short(value: Any, limit: int = 60) -> str:

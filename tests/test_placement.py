@@ -1,0 +1,370 @@
+"""Tests of placement: ``device=``, `statevar.device` scopes, soft placement and placement
+logging. conftest gives this machine four CPU devices, cpu:0 to cpu:3."""
+
+import copy
+import logging
+import re
+import threading
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import statevar
+
+
+def _cpu(index):
+    return jax.devices("cpu")[index]
+
+
+def _has_gpu():
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+_HAS_GPU = _has_gpu()
+_DEFAULT = jax.devices()[0]
+_AVAILABLE = "Available devices: " + ", ".join(f"{d.platform}:{d.id}" for d in jax.devices())
+# Device specs this machine lacks; "gpu:0" only where there is no GPU.
+_MISSING = [
+    pytest.param("gpu:0", marks=pytest.mark.skipif(_HAS_GPU, reason="this machine has gpu:0")),
+    pytest.param(
+        "/device:GPU:0", marks=pytest.mark.skipif(_HAS_GPU, reason="this machine has gpu:0")
+    ),
+    "cpu:4",
+    "gpu:99",
+]
+
+
+# ----------------------------------------------------------------------- where variables live
+
+
+@pytest.mark.parametrize(
+    ("spec", "index"),
+    [("cpu:1", 1), ("cpu:3", 3), ("cpu", 0), ("CPU:2", 2), ("/device:CPU:1", 1)],
+)
+def test_device_argument_places_the_variable(spec, index):
+    v = statevar.Variable([1.0, 2.0], device=spec)
+
+    assert v.device == _cpu(index)
+    chex.assert_tree_is_on_device(v.value, device=_cpu(index))
+
+
+def test_device_argument_accepts_a_jax_device():
+    v = statevar.Variable([1.0, 2.0], device=_cpu(2))
+
+    assert v.device == _cpu(2)
+
+
+def test_variable_defaults_to_jax_default_device():
+    assert statevar.Variable(1.0).device == _DEFAULT
+    with jax.default_device(_cpu(3)):
+        assert statevar.Variable(1.0).device == _cpu(3)
+
+
+def test_device_scope_places_variables_created_in_it():
+    with statevar.device("cpu:2") as placed_on:
+        v = statevar.Variable([1.0, 2.0])
+    w = statevar.Variable([1.0, 2.0])
+
+    assert placed_on == _cpu(2)
+    assert v.device == _cpu(2)
+    chex.assert_tree_is_on_device(v.value, device=_cpu(2))
+    assert w.device == _DEFAULT
+
+
+def test_device_scopes_nest():
+    with statevar.device("cpu:1"):
+        with statevar.device("cpu:2"):
+            inner = statevar.Variable(1.0)
+        outer = statevar.Variable(1.0)
+
+    assert inner.device == _cpu(2)
+    assert outer.device == _cpu(1)
+
+
+def test_device_argument_wins_over_the_scope():
+    with statevar.device("cpu:1"):
+        v = statevar.Variable(1.0, device="cpu:3")
+
+    assert v.device == _cpu(3)
+
+
+def test_device_scope_is_per_thread():
+    placed = {}
+
+    def create():
+        placed["other thread"] = statevar.Variable(1.0).device
+
+    with statevar.device("cpu:3"):
+        thread = threading.Thread(target=create)
+        thread.start()
+        thread.join()
+        placed["this thread"] = statevar.Variable(1.0).device
+
+    assert placed == {"other thread": _DEFAULT, "this thread": _cpu(3)}
+
+
+def test_device_scope_is_left_when_the_block_raises():
+    with pytest.raises(KeyError, match="inside"), statevar.device("cpu:2"):
+        raise KeyError("inside")
+
+    assert statevar.Variable(1.0).device == _DEFAULT
+
+
+_UPDATES = {
+    "assign_list": lambda v: v.assign([5.0, 6.0]),
+    "assign_scalar": lambda v: v.assign(3.0),
+    "assign_other_device": lambda v: v.assign(jax.device_put(jnp.ones(2), _cpu(3))),
+    "assign_variable_elsewhere": lambda v: v.assign(statevar.Variable([7.0, 8.0], device="cpu:2")),
+    "assign_add": lambda v: v.assign_add(1.0),
+    "assign_add_other_device": lambda v: v.assign_add(jax.device_put(jnp.ones(2), _cpu(2))),
+    "assign_sub": lambda v: v.assign_sub([1.0, 1.0]),
+    "setitem": lambda v: v.__setitem__(0, 4.0),
+    "setitem_other_device": lambda v: v.__setitem__(1, jax.device_put(jnp.array(9.0), _cpu(3))),
+    "setitem_in_scope": lambda v: _in_scope("cpu:2", lambda: v.__setitem__(0, 1.0)),
+    "assign_in_scope": lambda v: _in_scope("cpu:3", lambda: v.assign([1.0, 1.0])),
+}
+
+
+def _in_scope(spec, fn):
+    with statevar.device(spec):
+        fn()
+
+
+@pytest.mark.parametrize("update", _UPDATES.values(), ids=_UPDATES.keys())
+def test_updates_keep_the_variable_on_its_device(update):
+    v = statevar.Variable([1.0, 2.0], device="cpu:1")
+    held = v.value
+
+    update(v)  # copies, as ``held`` still holds the array
+    del held
+    update(v)  # donates
+
+    assert v.device == _cpu(1)
+    chex.assert_tree_is_on_device(v.value, device=_cpu(1))
+
+
+def test_deepcopy_keeps_the_device():
+    v = statevar.Variable([1.0, 2.0], device="cpu:3")
+
+    assert copy.deepcopy(v).device == _cpu(3)
+
+
+# ----------------------------------------------------------------------- arithmetic in a scope
+
+_ARITHMETIC = {
+    "mul": lambda a, b: a * b,
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "truediv": lambda a, b: a / b,
+    "matmul": lambda a, b: a @ b,
+    "pow": lambda a, b: a**b,
+    "lt": lambda a, b: a < b,
+    "eq": lambda a, b: a == b,
+    "scalar": lambda a, b: a * 2.0,
+    "reflected_scalar": lambda a, b: 2.0 - a,
+    "neg": lambda a, b: -a,
+    "abs": lambda a, b: abs(a),
+}
+
+
+@pytest.mark.parametrize("operation", _ARITHMETIC.values(), ids=_ARITHMETIC.keys())
+def test_arithmetic_in_a_scope_runs_on_the_scope_device(operation):
+    a = statevar.Variable([1.0, 2.0], device="cpu:0")
+    b = statevar.Variable([3.0, 4.0], device="cpu:0")
+
+    with statevar.device("cpu:1"):
+        k = operation(a, b)
+
+    assert k.devices() == {_cpu(1)}
+    chex.assert_trees_all_close(k, operation(a.value, b.value))
+    assert a.device == b.device == _cpu(0)
+
+
+def test_arithmetic_in_a_scope_copies_operands_from_several_devices():
+    a = statevar.Variable([1.0, 2.0], device="cpu:2")
+    b = statevar.Variable([3.0, 4.0], device="cpu:3")
+
+    elsewhere = jax.device_put(jnp.ones(2), _cpu(0))
+
+    with statevar.device("cpu:1"):
+        k = a * b
+        j = a + elsewhere
+
+    assert k.devices() == {_cpu(1)}
+    assert j.devices() == {_cpu(1)}
+    chex.assert_trees_all_close((k, j), (jnp.array([3.0, 8.0]), jnp.array([2.0, 3.0])))
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [
+        lambda a, b: a + b,
+        lambda a, b: b * a,
+        lambda a, b: a @ b,
+        lambda a, b: a + jax.device_put(jnp.ones(2), _cpu(3)),
+        lambda a, b: 2.0 - a,
+    ],
+    ids=["add", "mul", "matmul", "jax_array", "reflected_scalar"],
+)
+def test_operands_on_different_devices_work_outside_a_scope(operation):
+    a = statevar.Variable([1.0, 2.0], device="cpu:1")
+    b = statevar.Variable([3.0, 4.0], device="cpu:2")
+
+    result = operation(a, b)
+
+    chex.assert_trees_all_close(result, operation(np.array([1.0, 2.0]), np.array([3.0, 4.0])))
+    assert a.device == _cpu(1) and b.device == _cpu(2)
+
+
+# ----------------------------------------------------------------------- soft placement
+
+
+@pytest.mark.parametrize("spec", _MISSING)
+def test_soft_placement_falls_back_to_the_default_device_with_a_warning(spec):
+    with pytest.warns(
+        statevar.PlacementWarning, match=rf"Device '{re.escape(spec)}' does not exist"
+    ) as rec:
+        v = statevar.Variable([1.0, 2.0], name="w", device=spec)
+
+    assert v.device == _DEFAULT
+    chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
+    assert "Variable 'w'" in str(rec[0].message)
+    assert _AVAILABLE in str(rec[0].message)
+
+
+@pytest.mark.parametrize("spec", _MISSING)
+def test_soft_placement_applies_to_device_scopes(spec):
+    with pytest.warns(
+        statevar.PlacementWarning, match=rf"Device '{re.escape(spec)}' does not exist"
+    ):
+        with statevar.device(spec) as placed_on:
+            v = statevar.Variable(1.0)
+
+    assert placed_on == _DEFAULT
+    assert v.device == _DEFAULT
+
+
+def test_placement_warning_points_at_the_callers_line():
+    with pytest.warns(statevar.PlacementWarning, match="does not exist") as rec:
+        statevar.Variable(1.0, device="gpu:99")
+        with statevar.device("gpu:99"):
+            pass
+
+    assert [warning.filename for warning in rec] == [__file__, __file__]
+
+
+@pytest.mark.parametrize("spec", _MISSING)
+def test_without_soft_placement_a_missing_device_raises(spec):
+    statevar.set_soft_device_placement(False)
+
+    with pytest.raises(
+        ValueError, match=rf"Cannot place Variable 'w' on '{re.escape(spec)}': no such"
+    ) as info:
+        statevar.Variable(1.0, name="w", device=spec)
+
+    assert isinstance(info.value, statevar.PlacementError)
+    assert _AVAILABLE in str(info.value)
+    assert "statevar.set_soft_device_placement(True)" in str(info.value)
+
+
+def test_without_soft_placement_a_scope_on_a_missing_device_raises():
+    statevar.set_soft_device_placement(False)
+
+    with pytest.raises(statevar.PlacementError, match=r"Cannot place 'gpu:99': no such device"):
+        with statevar.device("gpu:99"):
+            pass
+
+
+def test_soft_placement_can_be_turned_back_on():
+    statevar.set_soft_device_placement(False)
+    statevar.set_soft_device_placement(True)
+
+    with pytest.warns(statevar.PlacementWarning, match="gpu:99"):
+        statevar.Variable(1.0, device="gpu:99")
+
+
+def test_existing_devices_never_warn_without_soft_placement():
+    statevar.set_soft_device_placement(False)
+
+    assert statevar.Variable(1.0, device="cpu:3").device == _cpu(3)
+
+
+@pytest.mark.parametrize("spec", [3, 1.5, ["cpu:0"], b"cpu:0"])
+def test_device_spec_of_the_wrong_type_raises_type_error(spec):
+    with pytest.raises(TypeError, match=r"Expected a device spec such as 'cpu:0' or a jax.Device"):
+        statevar.Variable(1.0, device=spec)
+    with pytest.raises(TypeError, match=r"Expected a device spec"):
+        with statevar.device(spec):
+            pass
+
+
+@pytest.mark.parametrize("spec", ["banana:0", "", "cpu:x", "cpu:0:1", "gpu-0", ":0"])
+def test_unparseable_device_spec_raises_value_error(spec):
+    with pytest.raises(ValueError, match=r"Cannot parse device spec .*: expected 'cpu', 'gpu'"):
+        statevar.Variable(1.0, device=spec)
+    with pytest.raises(ValueError, match=r"Cannot parse device spec"):
+        with statevar.device(spec):
+            pass
+
+
+# ----------------------------------------------------------------------- placement logging
+
+
+def test_placement_logging_is_off_by_default(caplog):
+    caplog.set_level(logging.INFO, logger="statevar")
+
+    v = statevar.Variable([1.0], name="quiet")
+    v.assign_add(1.0)
+
+    assert caplog.records == []
+
+
+def test_placement_logging_logs_creation_and_every_update(caplog):
+    caplog.set_level(logging.INFO, logger="statevar")
+    statevar.set_log_device_placement(True)
+
+    v = statevar.Variable([1.0, 2.0], name="logged", device="cpu:2")
+    v.assign([3.0, 4.0])
+    v.assign_add(1.0)
+    v.assign_sub(1.0)
+    v[0] = 0.0
+
+    assert [(r.name, r.levelno) for r in caplog.records] == [("statevar", logging.INFO)] * 5
+    assert [r.getMessage() for r in caplog.records] == [
+        "Variable 'logged': create on cpu:2",
+        "Variable 'logged': assign on cpu:2",
+        "Variable 'logged': assign_add on cpu:2",
+        "Variable 'logged': assign_sub on cpu:2",
+        "Variable 'logged': setitem on cpu:2",
+    ]
+
+
+def test_placement_logging_can_be_turned_off(caplog):
+    caplog.set_level(logging.INFO, logger="statevar")
+    statevar.set_log_device_placement(True)
+    v = statevar.Variable(1.0, name="v")
+    statevar.set_log_device_placement(False)
+
+    v.assign(2.0)
+
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Variable 'v': create on {_DEFAULT.platform}:{_DEFAULT.id}"
+    ]
+
+
+def test_placement_logging_names_the_fallback_device(caplog):
+    caplog.set_level(logging.INFO, logger="statevar")
+    statevar.set_log_device_placement(True)
+
+    with pytest.warns(statevar.PlacementWarning, match="gpu:99"):
+        statevar.Variable(1.0, name="moved", device="gpu:99")
+
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Variable 'moved': create on {_DEFAULT.platform}:{_DEFAULT.id}"
+    ]

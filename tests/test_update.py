@@ -1,0 +1,693 @@
+"""Tests of `assign`, `assign_add`, `assign_sub` and ``v[index] = x``: conversions, errors,
+in-place updates, reads taken earlier, threads and plain JAX transformations."""
+
+import sys
+import threading
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import statevar
+from statevar import _update
+
+_UPDATES = {
+    "assign": lambda v, x: v.assign(x),
+    "assign_add": lambda v, x: v.assign_add(x),
+    "assign_sub": lambda v, x: v.assign_sub(x),
+    # ``v[...]`` selects the whole variable, so the value rules match the other updates.
+    "setitem": lambda v, x: v.__setitem__(Ellipsis, x),
+}
+_OPERATIONS = list(_UPDATES)
+
+
+def _snapshot(v):
+    array = v._value
+    return {
+        "bytes": np.asarray(array).tobytes(),
+        "dtype": v.dtype,
+        "shape": v.shape,
+        "device": v.device,
+        "array": array,
+    }
+
+
+def _assert_unchanged(v, before):
+    assert v._value is before["array"]
+    assert not v._value.is_deleted()
+    assert np.asarray(v).tobytes() == before["bytes"]
+    assert (v.dtype, v.shape, v.device) == (before["dtype"], before["shape"], before["device"])
+
+
+# ----------------------------------------------------------------------- results
+
+
+@pytest.mark.parametrize(
+    ("operation", "value", "expected"),
+    [
+        ("assign", [5.0, 6.0], [5.0, 6.0]),
+        ("assign", 7.0, [7.0, 7.0]),
+        ("assign_add", [1.0, 10.0], [2.0, 12.0]),
+        ("assign_add", 0.5, [1.5, 2.5]),
+        ("assign_sub", [1.0, 1.0], [0.0, 1.0]),
+        ("assign_sub", jnp.array(2.0), [-1.0, 0.0]),
+        ("setitem", 3.0, [3.0, 3.0]),
+    ],
+)
+def test_update_result(operation, value, expected):
+    v = statevar.Variable([1.0, 2.0])
+
+    _UPDATES[operation](v, value)
+
+    chex.assert_trees_all_close(v.value, jnp.array(expected))
+    assert v.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("operation", ["assign", "assign_add", "assign_sub"])
+def test_update_returns_the_variable(operation):
+    v = statevar.Variable(1.0)
+
+    assert getattr(v, operation)(1.0) is v
+
+
+@pytest.mark.parametrize(
+    ("index", "value", "expected"),
+    [
+        (0, 9.0, [9.0, 2.0, 3.0, 4.0]),
+        (-1, 9.0, [1.0, 2.0, 3.0, 9.0]),
+        (slice(1, 3), [7.0, 8.0], [1.0, 7.0, 8.0, 4.0]),
+        (slice(None, None, 2), 0.0, [0.0, 2.0, 0.0, 4.0]),
+        (jnp.array(2), 5.0, [1.0, 2.0, 5.0, 4.0]),
+        (np.array([0, 3]), [5.0, 6.0], [5.0, 2.0, 3.0, 6.0]),
+        (np.array([True, False, True, False]), 0.0, [0.0, 2.0, 0.0, 4.0]),
+        (jnp.array([False, True, True, False]), [5.0, 6.0], [1.0, 5.0, 6.0, 4.0]),
+        (np.zeros(4, bool), 9.0, [1.0, 2.0, 3.0, 4.0]),
+    ],
+    ids=[
+        "int",
+        "negative",
+        "slice",
+        "step",
+        "jax_int",
+        "int_array",
+        "numpy_mask",
+        "jax_mask",
+        "empty_mask",
+    ],
+)
+def test_setitem(index, value, expected):
+    v = statevar.Variable([1.0, 2.0, 3.0, 4.0])
+
+    v[index] = value
+
+    chex.assert_trees_all_close(v.value, jnp.array(expected))
+
+
+def test_setitem_with_a_comparison_mask():
+    v = statevar.Variable([[1.0, -2.0], [-3.0, 4.0]])
+
+    v[v < 0] = 0.0
+
+    chex.assert_trees_all_close(v.value, jnp.array([[1.0, 0.0], [0.0, 4.0]]))
+
+
+def test_setitem_in_two_dimensions():
+    v = statevar.Variable(np.zeros((2, 3), np.float32))
+
+    v[1, 2] = 5.0
+    v[0] = [1.0, 2.0, 3.0]
+    v[:, 0] = [7.0, 7.0]
+
+    chex.assert_trees_all_close(v.value, jnp.array([[7.0, 2.0, 3.0], [7.0, 0.0, 5.0]], jnp.float32))
+
+
+def test_setitem_with_a_variable_as_index():
+    v = statevar.Variable([1.0, 2.0, 3.0])
+
+    v[statevar.Variable(1)] = 0.0
+
+    chex.assert_trees_all_close(v.value, jnp.array([1.0, 0.0, 3.0]))
+
+
+def test_assign_from_another_variable():
+    v = statevar.Variable([1.0, 2.0])
+    w = statevar.Variable([3.0, 4.0])
+
+    v.assign(w)
+    w.assign_add(1.0)
+
+    chex.assert_trees_all_close(v.value, jnp.array([3.0, 4.0]))
+    chex.assert_trees_all_close(w.value, jnp.array([4.0, 5.0]))
+
+
+@pytest.mark.parametrize(
+    ("operation", "expected"),
+    [("assign", [1.0, 2.0]), ("assign_add", [2.0, 4.0]), ("assign_sub", [0.0, 0.0])],
+)
+def test_update_with_the_variable_itself(operation, expected):
+    v = statevar.Variable([1.0, 2.0])
+
+    getattr(v, operation)(v)
+    v.assign_add(v)
+
+    chex.assert_trees_all_close(v.value, 2 * jnp.array(expected))
+
+
+def test_setitem_with_a_part_of_the_variable_itself():
+    v = statevar.Variable([1.0, 2.0, 3.0])
+
+    v[0:2] = v[1:3]
+
+    chex.assert_trees_all_close(v.value, jnp.array([2.0, 3.0, 3.0]))
+
+
+# ----------------------------------------------------------------------- dtype conversions
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (3, [3.0, 3.0]),
+        ([3, 4], [3.0, 4.0]),
+        (np.array([3, 4]), [3.0, 4.0]),
+        (jnp.array([3, 4]), [3.0, 4.0]),
+        (np.array([3.25, 4.5], np.float64), [3.25, 4.5]),
+        (np.float64(2.5), [2.5, 2.5]),
+        (np.array([1.0, 2.0], np.float16), [1.0, 2.0]),
+        (2**40, [2.0**40, 2.0**40]),
+        (np.array([2**40, 1]), [2.0**40, 1.0]),
+    ],
+    ids=[
+        "python_int",
+        "int_list",
+        "numpy_int64",
+        "jax_int32",
+        "numpy_float64",
+        "numpy_float64_scalar",
+        "float16",
+        "large_python_int",
+        "large_numpy_int64",
+    ],
+)
+@pytest.mark.parametrize("operation", ["assign", "setitem"])
+def test_safe_values_are_converted_to_a_float_variable(operation, value, expected):
+    v = statevar.Variable([0.0, 0.0], name="f")
+
+    _UPDATES[operation](v, value)
+
+    assert v.dtype == jnp.float32
+    chex.assert_trees_all_close(v.value, jnp.array(expected, jnp.float32))
+
+
+@pytest.mark.parametrize(
+    ("initial_value", "value", "expected"),
+    [
+        (np.zeros(2, np.int32), np.array([1, 2], np.int64), [1, 2]),
+        (np.zeros(2, np.int8), 127, [127, 127]),
+        (np.zeros(2, np.uint8), [0, 255], [0, 255]),
+        (np.zeros(2, np.uint32), 2**32 - 1, [2**32 - 1, 2**32 - 1]),
+        (np.zeros(2, np.complex64), 1.5, [1.5, 1.5]),
+        (np.zeros(2, np.complex64), [1, 2j], [1, 2j]),
+        (np.zeros(2, np.bool_), np.array([True, False]), [True, False]),
+    ],
+    ids=["int64_into_int32", "int8", "uint8", "uint32", "float_into_complex", "complex", "bool"],
+)
+def test_safe_values_are_converted_to_other_dtypes(initial_value, value, expected):
+    v = statevar.Variable(initial_value)
+
+    v.assign(value)
+
+    assert v.dtype == initial_value.dtype
+    np.testing.assert_array_equal(np.asarray(v), np.array(expected, initial_value.dtype))
+
+
+# (variable's initial value, rejected value, exception, message pattern); the pattern names
+# the variable and both dtypes or shapes.
+_REJECTED = {
+    "float_into_int": (
+        [1, 2],
+        1.5,
+        TypeError,
+        r"Variable 'v': a value of dtype float cannot be converted safely to the variable's "
+        r"dtype int32 \(floating into integer\)",
+    ),
+    "float_list_into_int": ([1, 2], [1.5, 2.0], TypeError, r"Variable 'v'.*floating.*int32"),
+    "float32_into_int": ([1, 2], jnp.array([1.0, 2.0]), TypeError, r"Variable 'v'.*float32.*int32"),
+    "complex_into_float": (
+        [1.0, 2.0],
+        1 + 2j,
+        TypeError,
+        r"Variable 'v': a value of dtype complex cannot be converted safely to the variable's "
+        r"dtype float32",
+    ),
+    "complex_array_into_float": (
+        [1.0, 2.0],
+        np.array([1j, 2]),
+        TypeError,
+        r"Variable 'v'.*complex128.*float32",
+    ),
+    "bool_into_float": ([1.0, 2.0], True, TypeError, r"Variable 'v'.*bool.*float32"),
+    "int_into_bool": ([True, False], 1, TypeError, r"Variable 'v'.*int.*bool"),
+    "string": (
+        [1.0, 2.0],
+        "abc",
+        TypeError,
+        r"Variable 'v': expected a numeric value convertible to float32, got str 'abc'",
+    ),
+    "string_list": ([1.0, 2.0], ["a", "b"], TypeError, r"Variable 'v'.*float32, got list"),
+    "none": ([1.0, 2.0], None, TypeError, r"Variable 'v'.*float32, got NoneType None"),
+    "object": ([1.0, 2.0], object(), TypeError, r"Variable 'v'.*float32, got object"),
+    "ragged_list": (
+        [1.0, 2.0],
+        [[1.0], [2.0, 3.0]],
+        TypeError,
+        r"Variable 'v': expected a numeric value convertible to float32, got list",
+    ),
+    "string_array": (
+        [1.0, 2.0],
+        np.array(["a", "b"]),
+        TypeError,
+        r"Variable 'v': a value of dtype <U1 cannot be converted safely to the variable's "
+        r"dtype float32",
+    ),
+    "prng_key": ([1, 2], jax.random.key(0), TypeError, r"Variable 'v'.*dtype key<fry>.*int32"),
+    "int_out_of_range": (
+        [1, 2],
+        2**40,
+        TypeError,
+        r"Variable 'v': a value of dtype int \(1099511627776\) is out of range for the "
+        r"variable's dtype int32",
+    ),
+    "int8_out_of_range": (
+        np.array([1, 2], np.int8),
+        300,
+        TypeError,
+        r"Variable 'v'.*int \(300\) is out of range.*int8",
+    ),
+    "negative_into_uint8": (
+        np.array([1, 2], np.uint8),
+        -1,
+        TypeError,
+        r"Variable 'v'.*\(-1\) is out of range.*uint8",
+    ),
+    "int64_array_out_of_range": (
+        [1, 2],
+        np.array([2**40, 1]),
+        TypeError,
+        r"Variable 'v'.*int64.*out of range.*int32",
+    ),
+    "shape_3": (
+        [1.0, 2.0],
+        [1.0, 2.0, 3.0],
+        ValueError,
+        r"Variable 'v': shape \(3,\) does not match the .*shape \(2,\)",
+    ),
+    "shape_2_1": (
+        [1.0, 2.0],
+        np.ones((2, 1), np.float32),
+        ValueError,
+        r"Variable 'v': shape \(2, 1\) does not match the .*shape \(2,\)",
+    ),
+    "shape_2_2": (
+        [1.0, 2.0],
+        jnp.ones((2, 2)),
+        ValueError,
+        r"Variable 'v': shape \(2, 2\) does not match the .*shape \(2,\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", _REJECTED.values(), ids=_REJECTED.keys())
+@pytest.mark.parametrize("operation", _OPERATIONS)
+def test_rejected_update_raises_and_leaves_the_variable_bit_identical(operation, case):
+    initial_value, value, error, match = case
+    v = statevar.Variable(initial_value, name="v")
+    before = _snapshot(v)
+
+    with pytest.raises(error, match=match):
+        _UPDATES[operation](v, value)
+
+    _assert_unchanged(v, before)
+
+
+@pytest.mark.parametrize(
+    ("initial_value", "value", "error"),
+    [
+        ([1, 2], 1.5, statevar.DtypeMismatchError),
+        ([1.0, 2.0], [1.0, 2.0, 3.0], statevar.ShapeMismatchError),
+    ],
+)
+def test_rejections_are_statevar_errors(initial_value, value, error):
+    v = statevar.Variable(initial_value, name="v")
+
+    with pytest.raises(error, match="Variable 'v'") as info:
+        v.assign(value)
+
+    assert isinstance(info.value, statevar.StatevarError)
+
+
+def test_shape_mismatch_in_setitem_names_the_indexed_part():
+    v = statevar.Variable([1.0, 2.0, 3.0], name="v")
+    before = _snapshot(v)
+
+    with pytest.raises(
+        statevar.ShapeMismatchError,
+        match=r"Cannot set an item of Variable 'v': shape \(3,\) does not match the indexed "
+        r"part's shape \(2,\)",
+    ):
+        v[0:2] = [1.0, 2.0, 3.0]
+
+    _assert_unchanged(v, before)
+
+
+@pytest.mark.parametrize(
+    ("index", "match"),
+    [
+        (3, r"Cannot set Variable 'v'\[3\]: index 3 is out of bounds"),
+        (-4, r"Cannot set Variable 'v'\[-4\]: index -4 is out of bounds"),
+        (jnp.array(5), r"Cannot set Variable 'v'\[.*\]: index 5 is out of bounds"),
+        (np.array([0, 7]), r"Cannot set Variable 'v'\[.*\]: index 7 is out of bounds"),
+        ((0, 0), r"Cannot set Variable 'v'\[\(0, 0\)\]: too many indices"),
+        (1.5, r"Cannot set Variable 'v'\[1.5\]: only integers, slices"),
+        (np.array([True, False]), r"Cannot set Variable 'v'\[.*\]: boolean index did not match"),
+    ],
+    ids=["past_end", "before_start", "jax_int", "int_array", "too_many", "float", "bad_mask"],
+)
+def test_setitem_with_a_bad_index_raises_index_error(index, match):
+    v = statevar.Variable([1.0, 2.0, 3.0], name="v")
+    before = _snapshot(v)
+
+    with pytest.raises(IndexError, match=match):
+        v[index] = 0.0
+
+    _assert_unchanged(v, before)
+
+
+# ----------------------------------------------------------------------- in place, no retrace
+
+
+_IN_PLACE = {
+    "assign": lambda v: v.assign([5.0, 6.0, 7.0]),
+    "assign_scalar": lambda v: v.assign(2.0),
+    "assign_array": lambda v: v.assign(jnp.arange(3.0)),
+    "assign_add": lambda v: v.assign_add(1.0),
+    "assign_sub": lambda v: v.assign_sub(jnp.ones(3)),
+    "setitem": lambda v: v.__setitem__(1, 9.0),
+    "setitem_slice": lambda v: v.__setitem__(slice(0, 2), [3.0, 4.0]),
+    "setitem_mask": lambda v: v.__setitem__(np.array([True, False, True]), 0.0),
+}
+
+
+@pytest.mark.parametrize("update", _IN_PLACE.values(), ids=_IN_PLACE.keys())
+def test_update_reuses_the_buffer_when_nothing_else_holds_it(update):
+    v = statevar.Variable([1.0, 2.0, 3.0])
+
+    for _ in range(3):
+        pointer = v._value.unsafe_buffer_pointer()
+        update(v)
+        assert v._value.unsafe_buffer_pointer() == pointer
+
+
+def test_in_place_update_gives_the_right_value():
+    v = statevar.Variable([1.0, 2.0, 3.0])
+    pointer = v._value.unsafe_buffer_pointer()
+
+    v.assign_add(1.0)
+    v.assign([0.0, 5.0, 0.0])
+    v[2] = 4.0
+
+    assert v._value.unsafe_buffer_pointer() == pointer
+    chex.assert_trees_all_close(v.value, jnp.array([0.0, 5.0, 4.0]))
+
+
+@pytest.mark.parametrize(
+    ("operation", "update"),
+    [
+        ("assign", lambda v, i: v.assign(jnp.full(3, float(i)))),
+        ("assign_add", lambda v, i: v.assign_add(1.0)),
+        ("assign_sub", lambda v, i: v.assign_sub(np.float32(i))),
+        ("setitem", lambda v, i: v.__setitem__(i % 3, float(i))),
+    ],
+)
+def test_repeated_updates_of_the_same_shape_do_not_retrace(operation, update):
+    v = statevar.Variable([1.0, 2.0, 3.0])
+    update(v, 0)  # traces the donating update
+    held = v.value
+    update(v, 1)  # traces the copying update, as ``held`` still holds the array
+    del held
+    traces = _update.trace_counts[operation]
+
+    held = []
+    for i in range(2, 12):
+        if i % 4 == 0:
+            held.append(v.value)
+        update(v, i)
+
+    assert _update.trace_counts[operation] == traces
+
+
+def test_a_second_variable_of_the_same_shape_does_not_retrace():
+    statevar.Variable([1.0, 2.0]).assign_add(1.0)
+    traces = _update.trace_counts["assign_add"]
+
+    statevar.Variable([3.0, 4.0]).assign_add(1.0)
+
+    assert _update.trace_counts["assign_add"] == traces
+
+
+# ----------------------------------------------------------------------- reads stay valid
+
+_READS = {
+    "value": lambda v: v.value,
+    "read_value": lambda v: v.read_value(),
+    "jnp_asarray": lambda v: jnp.asarray(v),
+    "slice": lambda v: v[1:3],
+    "getitem": lambda v: v[0],
+    "np_asarray": lambda v: np.asarray(v),
+    "numpy": lambda v: v.numpy(),
+    "arithmetic": lambda v: v + 0.0,
+}
+
+
+@pytest.mark.parametrize("operation", _OPERATIONS)
+@pytest.mark.parametrize("read", _READS.values(), ids=_READS.keys())
+def test_reads_taken_earlier_survive_later_updates(read, operation):
+    v = statevar.Variable([1.0, 2.0, 3.0, 4.0])
+    taken = read(v)
+    expected = np.array(taken, copy=True)
+
+    for i in range(3):
+        _UPDATES[operation](v, float(10 + i))
+
+    if isinstance(taken, jax.Array):
+        assert not taken.is_deleted()
+    np.testing.assert_array_equal(np.asarray(taken), expected)
+    assert float(np.asarray(v)[0]) != float(expected.flat[0])
+
+
+def test_many_reads_survive_many_updates():
+    v = statevar.Variable(np.zeros(8, np.float32))
+    reads = []
+
+    for i in range(20):
+        reads.append((i, v.value))
+        v.assign_add(1.0)
+
+    for i, read in reads:
+        assert not read.is_deleted()
+        chex.assert_trees_all_close(read, jnp.full(8, float(i)))
+
+
+# ----------------------------------------------------------------------- failures
+
+
+def test_failure_while_tracing_under_jax_jit_keeps_the_old_value():
+    v = statevar.Variable([1.0, 2.0], name="v")
+    array = v._value
+
+    @jax.jit
+    def step(x):
+        v.assign_add(1.0)  # concrete operands: the update itself is what gets traced
+        return x
+
+    with pytest.raises(statevar.TraceContextError, match=r"Cannot assign_add to Variable 'v'"):
+        step(1.0)
+
+    assert v._value is array and not array.is_deleted()
+    chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
+    v.assign_add(1.0)
+    chex.assert_trees_all_close(v.value, jnp.array([2.0, 3.0]))
+
+
+def test_failure_in_a_nan_checked_update_keeps_the_old_value():
+    v = statevar.Variable([1.0, 2.0])
+    v.assign_add(1.0)
+
+    with jax.debug_nans(True), pytest.raises(FloatingPointError, match="nan"):
+        v.assign_add(jnp.array([np.nan, 0.0]))
+
+    assert not v._value.is_deleted()
+    chex.assert_trees_all_close(v.value, jnp.array([2.0, 3.0]))
+
+
+# ----------------------------------------------------------------------- threads
+
+
+@pytest.fixture
+def frequent_thread_switches():
+    """Switches threads every microsecond, so that races show up within a short test."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(interval)
+
+
+@pytest.mark.usefixtures("frequent_thread_switches")
+def test_concurrent_assign_add_loses_no_update():
+    v = statevar.Variable(0)
+
+    def work():
+        for _ in range(500):
+            v.assign_add(1)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert int(v) == 4000
+
+
+def _check_value(v):
+    value = v.value
+    # An update is atomic: every element of a read holds the same count.
+    return [] if np.ptp(np.asarray(value)) == 0 else ["torn read"]
+
+
+def _check_numpy(v):
+    array = np.asarray(v)
+    return [] if np.ptp(array) == 0 else ["torn read"]
+
+
+def _check_repr(v):
+    text = repr(v)
+    return [] if "unavailable" not in text else [text]
+
+
+@pytest.mark.usefixtures("frequent_thread_switches")
+@pytest.mark.parametrize(
+    "check", [_check_value, _check_numpy, _check_repr], ids=["value", "np_asarray", "repr"]
+)
+def test_concurrent_readers_never_see_a_deleted_array(check):
+    v = statevar.Variable(np.zeros(16, np.float32), name="shared")
+    problems = []
+    kept = []
+    done = threading.Event()
+
+    def write():
+        for _ in range(2500):
+            v.assign_add(1.0)
+
+    def read():
+        try:
+            while not done.is_set():
+                problems.extend(check(v))
+                if len(kept) < 100:
+                    kept.append(v.value)
+        except Exception as error:  # a reader must never raise
+            problems.append(repr(error))
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    writers = [threading.Thread(target=write) for _ in range(2)]
+    for thread in readers + writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    done.set()
+    for thread in readers:
+        thread.join()
+
+    assert problems == []
+    assert float(v.value[0]) == 5000.0
+    for value in kept:
+        assert not value.is_deleted()
+        assert np.ptp(np.asarray(value)) == 0
+
+
+# ----------------------------------------------------------------------- plain JAX transformations
+
+
+@pytest.mark.parametrize(
+    ("update", "phrase"),
+    [
+        (lambda v, x: v.assign(x), "assign to"),
+        (lambda v, x: v.assign_add(x), "assign_add to"),
+        (lambda v, x: v.assign_sub(x), "assign_sub to"),
+        (lambda v, x: v.__setitem__(0, x), "set an item of"),
+    ],
+    ids=_OPERATIONS,
+)
+@pytest.mark.parametrize("transform", [jax.jit, jax.grad], ids=["jit", "grad"])
+def test_updating_with_a_tracer_raises_and_keeps_the_value(transform, update, phrase):
+    v = statevar.Variable([1.0, 2.0], name="v")
+
+    def step(x):
+        update(v, x)
+        return x
+
+    with pytest.raises(
+        statevar.TraceContextError, match=rf"Cannot {phrase} Variable 'v' inside jax.jit"
+    ):
+        transform(step)(1.0)
+
+    assert isinstance(v._value, jax.Array) and not isinstance(v._value, jax.core.Tracer)
+    chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
+
+
+def test_assign_under_jax_jit_raises_as_the_readme_shows():
+    v = statevar.Variable(0.0, name="v")
+
+    with pytest.raises(statevar.TraceContextError, match=r"Variable 'v'.*statevar.jit"):
+        jax.jit(lambda x: v.assign(x))(1.0)
+
+    assert float(v) == 0.0
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        lambda v, i: v.assign(2.0),
+        lambda v, i: v.assign_sub(1.0),
+        lambda v, i: v.__setitem__(i, 5.0),
+    ],
+    ids=["constant_assign", "constant_assign_sub", "traced_index"],
+)
+def test_updating_under_jax_jit_with_concrete_values_raises_and_keeps_the_value(update):
+    v = statevar.Variable([1.0, 2.0], name="v")
+
+    def step(i):
+        update(v, i)
+        return i
+
+    with pytest.raises(
+        statevar.TraceContextError, match=r"Variable 'v' inside jax.jit or another JAX"
+    ):
+        jax.jit(step)(1)
+
+    assert not isinstance(v._value, jax.core.Tracer)
+    chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
+
+
+def test_updating_a_variable_passed_to_jax_jit_raises():
+    v = statevar.Variable([1.0, 2.0], name="arg")
+
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot assign_add to Variable 'arg' inside jax.jit or another JAX transformation",
+    ):
+        jax.jit(lambda x: x.assign_add(1.0))(v)
+
+    chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))

@@ -1,0 +1,504 @@
+"""Tests of `statevar.Variable` as a value: creation, dtypes, array behaviour, names, repr,
+hashing, copying and use inside plain JAX transformations."""
+
+import copy
+import operator
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import statevar
+
+# ----------------------------------------------------------------------- creation and dtype
+
+
+@pytest.mark.parametrize(
+    ("initial_value", "expected_dtype"),
+    [
+        (1, jnp.int32),
+        (1.0, jnp.float32),
+        (True, jnp.bool_),
+        (1 + 2j, jnp.complex64),
+        ([1, 2], jnp.int32),
+        ([1.0, 2.0], jnp.float32),
+        ([[True, False]], jnp.bool_),
+        (np.float64(1.5), jnp.float32),
+        (np.arange(3, dtype=np.int16), jnp.int16),
+        (jnp.ones(2, jnp.bfloat16), jnp.bfloat16),
+    ],
+)
+def test_dtype_is_inferred_as_jax_infers_it(initial_value, expected_dtype):
+    v = statevar.Variable(initial_value)
+
+    assert v.dtype == expected_dtype
+    assert v.dtype == jnp.asarray(initial_value).dtype
+
+
+@pytest.mark.parametrize(
+    ("initial_value", "dtype", "expected"),
+    [
+        (1, jnp.float32, np.float32(1.0)),
+        ([1, 2], "float16", np.array([1.0, 2.0], np.float16)),
+        (1.0, jnp.bfloat16, jnp.bfloat16(1.0)),
+        (2.0, jnp.complex64, np.complex64(2.0)),
+        ([0, 3], jnp.bool_, np.array([False, True])),
+    ],
+)
+def test_dtype_argument_overrides_inference(initial_value, dtype, expected):
+    v = statevar.Variable(initial_value, dtype=dtype)
+
+    assert v.dtype == jnp.dtype(dtype)
+    np.testing.assert_array_equal(np.asarray(v), expected)
+
+
+def test_python_scalars_give_a_strongly_typed_value():
+    v = statevar.Variable(1.0)
+
+    assert not v.value.weak_type
+    # A weakly typed float32 would let a float16 operand decide the result dtype.
+    assert (v + jnp.float16(1.0)).dtype == jnp.float32
+
+
+def test_shape_ndim_and_size_describe_the_value():
+    v = statevar.Variable(np.zeros((2, 3, 4), np.float32))
+
+    assert v.shape == (2, 3, 4)
+    assert v.ndim == 3
+    assert v.size == 24
+    assert len(v) == 2
+
+
+def test_creation_from_a_jax_array_copies_it():
+    source = jnp.arange(4.0)
+
+    v = statevar.Variable(source)
+    v.assign_add(1.0)
+
+    assert v.value.unsafe_buffer_pointer() != source.unsafe_buffer_pointer()
+    assert not source.is_deleted()
+    chex.assert_trees_all_close(source, jnp.arange(4.0))
+    chex.assert_trees_all_close(v.value, jnp.arange(4.0) + 1)
+
+
+def test_creation_from_a_variable_copies_it():
+    original = statevar.Variable([1.0, 2.0])
+
+    duplicate = statevar.Variable(original)
+    assert duplicate.value.unsafe_buffer_pointer() != original.value.unsafe_buffer_pointer()
+
+    original.assign([10.0, 20.0])
+    chex.assert_trees_all_close(duplicate.value, jnp.array([1.0, 2.0]))
+    duplicate.assign_add(1.0)
+    chex.assert_trees_all_close(original.value, jnp.array([10.0, 20.0]))
+    chex.assert_trees_all_close(duplicate.value, jnp.array([2.0, 3.0]))
+
+
+def test_creation_from_a_numpy_array_copies_it():
+    source = np.arange(3.0, dtype=np.float32)
+
+    v = statevar.Variable(source)
+    source[0] = 100.0
+
+    chex.assert_trees_all_close(v.value, jnp.arange(3.0))
+
+
+@pytest.mark.parametrize(
+    ("initial_value", "match"),
+    [
+        ("abc", r"Cannot create Variable 'bad' from str 'abc'"),
+        (None, r"Cannot create Variable 'bad' from NoneType None"),
+        (object(), r"Cannot create Variable 'bad' from object"),
+        (["abc", "def"], r"Cannot create Variable 'bad' from list"),
+    ],
+)
+def test_non_numeric_initial_value_raises_type_error(initial_value, match):
+    with pytest.raises(TypeError, match=match) as info:
+        statevar.Variable(initial_value, name="bad")
+
+    assert isinstance(info.value, statevar.DtypeMismatchError)
+
+
+@pytest.mark.parametrize(
+    "initial_value",
+    [jax.random.key(0), np.zeros((2,), dtype=jax.dtypes.float0)],
+    ids=["prng_key", "float0"],
+)
+def test_non_numeric_dtype_raises_type_error(initial_value):
+    with pytest.raises(
+        statevar.DtypeMismatchError,
+        match=r"Cannot create Variable 'k' with dtype .*: expected a bool, integer, floating or",
+    ):
+        statevar.Variable(initial_value, name="k")
+
+
+@pytest.mark.parametrize("name", [3, b"w", ["w"]])
+def test_name_that_is_not_a_string_raises_type_error(name):
+    with pytest.raises(TypeError, match=r"Expected the Variable's name to be a str, got"):
+        statevar.Variable(1.0, name=name)
+
+
+# ----------------------------------------------------------------------- works where an array does
+
+_MATRIX = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+
+_OPERATIONS = {
+    "add": lambda x: x + 1.5,
+    "sub": lambda x: x - 1.5,
+    "mul": lambda x: x * 3.0,
+    "truediv": lambda x: x / 2.0,
+    "floordiv": lambda x: x // 2.0,
+    "mod": lambda x: x % 3.0,
+    "pow": lambda x: x**2,
+    "matmul": lambda x: x @ _MATRIX,
+    "neg": lambda x: -x,
+    "pos": lambda x: +x,
+    "abs": lambda x: abs(x - 2.5),
+    "radd": lambda x: 1.5 + x,
+    "rsub": lambda x: 2 - x,
+    "rmul": lambda x: 3.0 * x,
+    "rtruediv": lambda x: 2.0 / x,
+    "rfloordiv": lambda x: 7.0 // x,
+    "rmod": lambda x: 7.0 % x,
+    "rpow": lambda x: 2.0**x,
+    "rmatmul": lambda x: _MATRIX @ x,
+    "eq": lambda x: x == 2.0,
+    "ne": lambda x: x != 2.0,
+    "lt": lambda x: x < 2.5,
+    "le": lambda x: x <= 2.0,
+    "gt": lambda x: x > 2.5,
+    "ge": lambda x: x >= 2.0,
+    "radd_numpy": lambda x: np.ones((2, 2), np.float32) + x,
+    "argmax": lambda x: jnp.argmax(x, axis=1),
+    "reshape": lambda x: jnp.reshape(x, (1, 4)),
+    "jnp_add": lambda x: jnp.add(x, x),
+    "jnp_matmul": lambda x: jnp.matmul(x, x),
+    "jnp_exp": lambda x: jnp.exp(x),
+    "jnp_sum": lambda x: jnp.sum(x, axis=0),
+    "getitem": lambda x: x[1, ::-1],
+    "jit": lambda x: jax.jit(lambda a: a * 2.0 + 1.0)(x),
+}
+
+
+@pytest.mark.parametrize("operation", _OPERATIONS.values(), ids=_OPERATIONS.keys())
+def test_variable_computes_like_the_array_it_holds(operation):
+    v = statevar.Variable(_MATRIX)
+
+    result = operation(v)
+
+    assert isinstance(result, jax.Array)
+    chex.assert_trees_all_close(result, operation(jnp.asarray(_MATRIX)))
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [
+        operator.and_,
+        operator.or_,
+        operator.xor,
+        lambda a, b: b & a,
+        lambda a, b: b | a,
+        lambda a, b: b ^ a,
+    ],
+    ids=["and", "or", "xor", "rand", "ror", "rxor"],
+)
+def test_bitwise_operators(operation):
+    v = statevar.Variable([1, 2, 6])
+
+    result = operation(v, 2)
+
+    assert isinstance(result, jax.Array)
+    np.testing.assert_array_equal(result, operation(np.array([1, 2, 6], np.int32), 2))
+
+
+def test_binary_operators_between_two_variables():
+    a = statevar.Variable([1.0, 2.0])
+    b = statevar.Variable([3.0, 5.0])
+
+    chex.assert_trees_all_close(a * b, jnp.array([3.0, 10.0]))
+    chex.assert_trees_all_close(b - a, jnp.array([2.0, 3.0]))
+    chex.assert_trees_all_close(a @ b, jnp.array(13.0))
+    np.testing.assert_array_equal(a < b, [True, True])
+
+
+def test_invert_of_a_boolean_variable():
+    np.testing.assert_array_equal(~statevar.Variable([True, False]), [False, True])
+
+
+def test_numpy_conversion_gives_the_value():
+    v = statevar.Variable(_MATRIX)
+
+    for array in (np.asarray(v), np.array(v), v.numpy()):
+        assert isinstance(array, np.ndarray)
+        assert array.dtype == np.float32
+        np.testing.assert_array_equal(array, _MATRIX)
+    assert np.asarray(v, dtype=np.float64).dtype == np.float64
+
+
+def test_numpy_method_returns_an_independent_copy():
+    v = statevar.Variable([1.0, 2.0])
+
+    array = v.numpy()
+    array[0] = 50.0
+
+    chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
+
+
+@pytest.mark.parametrize(
+    ("convert", "expected"),
+    [(float, 2.5), (int, 2), (complex, 2.5 + 0j), (bool, True)],
+)
+def test_scalar_conversions(convert, expected):
+    value = 2 if convert is int else 2.5
+
+    assert convert(statevar.Variable(value)) == expected
+
+
+def test_scalar_variable_works_as_an_index():
+    assert [10, 20, 30][statevar.Variable(2)] == 30
+
+
+def test_iteration_yields_rows():
+    rows = list(statevar.Variable(_MATRIX))
+
+    assert len(rows) == 2
+    chex.assert_trees_all_close(rows[1], jnp.array([3.0, 4.0]))
+
+
+def test_variable_is_accepted_by_plain_jax_jit():
+    v = statevar.Variable([1.0, 2.0, 3.0])
+
+    @jax.jit
+    def total(x):
+        return jnp.sum(x * x)
+
+    chex.assert_trees_all_close(total(v), jnp.array(14.0))
+    v.assign([0.0, 0.0, 2.0])
+    chex.assert_trees_all_close(total(v), jnp.array(4.0))
+
+
+def test_plain_jax_jit_sees_a_closed_over_variable_read_only():
+    v = statevar.Variable([1.0, 2.0])
+
+    result = jax.jit(lambda x: v * x)(3.0)
+
+    chex.assert_trees_all_close(result, jnp.array([3.0, 6.0]))
+    chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
+
+
+def test_variable_flattens_to_its_value():
+    v = statevar.Variable([1.0, 2.0])
+
+    (leaf,) = jax.tree.leaves(v)
+
+    chex.assert_trees_all_close(leaf, jnp.array([1.0, 2.0]))
+
+
+# ----------------------------------------------------------------------- shape is fixed
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        lambda v: v.assign(5.0),
+        lambda v: v.assign(jnp.ones((1, 3))),
+        lambda v: v.assign_add(jnp.ones(3)),
+        lambda v: v.assign_sub(np.ones((2, 1))),
+        lambda v: v.__setitem__(0, 1.0),
+        lambda v: v.__setitem__((slice(None), 1), [7.0, 8.0]),
+    ],
+    ids=["assign_scalar", "assign_row", "assign_add_row", "assign_sub_column", "setitem", "slice"],
+)
+def test_no_update_changes_the_shape(update):
+    v = statevar.Variable(np.zeros((2, 3), np.float32))
+
+    update(v)
+
+    assert v.shape == (2, 3)
+    chex.assert_shape(v.value, (2, 3))
+
+
+def test_jnp_reshape_returns_a_new_array_and_leaves_the_variable_alone():
+    v = statevar.Variable([1.0, 2.0, 3.0, 4.0])
+
+    reshaped = jnp.reshape(v, (2, 2))
+
+    chex.assert_shape(reshaped, (2, 2))
+    assert v.shape == (4,)
+    chex.assert_shape(v.value, (4,))
+
+
+def test_len_of_a_scalar_raises_type_error():
+    with pytest.raises(TypeError, match=r"len\(\) of unsized Variable 's' \(shape \(\)\)"):
+        len(statevar.Variable(1.0, name="s"))
+
+
+# ----------------------------------------------------------------------- names and repr
+
+
+def test_default_name_is_variable():
+    assert statevar.Variable(1.0).name == "Variable"
+
+
+def test_name_argument_sets_the_name():
+    assert statevar.Variable(1.0, name="weights").name == "weights"
+
+
+def test_two_variables_may_share_a_name():
+    a = statevar.Variable(1.0, name="Mark")
+    b = statevar.Variable(2.0, name="Mark")
+
+    assert a.name == b.name == "Mark"
+    assert a is not b
+    chex.assert_trees_all_close((a.value, b.value), (jnp.array(1.0), jnp.array(2.0)))
+
+
+@pytest.mark.parametrize(
+    ("variable", "expected"),
+    [
+        (
+            lambda: statevar.Variable([[1.0, 2.0], [3.0, 4.0]], name="Mark"),
+            "<Variable 'Mark' shape=(2, 2) dtype=float32, numpy=\n"
+            "array([[1., 2.],\n"
+            "       [3., 4.]], dtype=float32)>",
+        ),
+        (
+            lambda: statevar.Variable(45.2, name="my_variable"),
+            "<Variable 'my_variable' shape=() dtype=float32, numpy=45.20000076293945>",
+        ),
+        (
+            lambda: statevar.Variable([False, False, False, True]),
+            "<Variable 'Variable' shape=(4,) dtype=bool, "
+            "numpy=array([False, False, False,  True])>",
+        ),
+        (
+            lambda: statevar.Variable([5 + 4j, 6 + 1j]),
+            "<Variable 'Variable' shape=(2,) dtype=complex64, "
+            "numpy=array([5.+4.j, 6.+1.j], dtype=complex64)>",
+        ),
+        (
+            lambda: statevar.Variable(1),
+            "<Variable 'Variable' shape=() dtype=int32, numpy=1>",
+        ),
+        (
+            lambda: statevar.Variable([1.0, 2.0], name="v").assign_add([1.0, 1.0]),
+            "<Variable 'v' shape=(2,) dtype=float32, numpy=array([2., 3.], dtype=float32)>",
+        ),
+    ],
+    ids=["matrix", "scalar", "bool", "complex", "int_scalar", "after_update"],
+)
+def test_repr_matches_tensorflow(variable, expected):
+    assert repr(variable()) == expected
+
+
+def test_repr_of_a_variable_traced_by_jax_jit_does_not_raise():
+    v = statevar.Variable([1.0, 2.0], name="traced")
+    seen = []
+
+    @jax.jit
+    def describe(x):
+        seen.append(repr(x))
+        return x * 1.0
+
+    describe(v)
+
+    assert seen[0].startswith("<Variable 'traced' shape=(2,) dtype=float32, numpy=")
+
+
+# ----------------------------------------------------------------------- Python protocols
+
+
+def test_hash_is_by_identity():
+    a = statevar.Variable([1.0, 2.0])
+    b = statevar.Variable([1.0, 2.0])
+
+    table = {a: "a", b: "b"}
+    a.assign([5.0, 6.0])
+
+    assert table[a] == "a" and table[b] == "b"
+    assert len({a, b, a}) == 2
+    assert hash(a) == hash(a) != hash(b)
+
+
+def test_equality_is_elementwise():
+    a = statevar.Variable([1.0, 2.0, 3.0])
+    b = statevar.Variable([1.0, 0.0, 3.0])
+
+    np.testing.assert_array_equal(a == b, [True, False, True])
+    np.testing.assert_array_equal(a != b, [False, True, False])
+    np.testing.assert_array_equal(a == 2.0, [False, True, False])
+
+
+def test_bool_of_a_scalar_is_its_truth_value():
+    assert bool(statevar.Variable(1.0))
+    assert not statevar.Variable(0)
+
+
+def test_bool_of_a_non_scalar_raises():
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(statevar.Variable([1.0, 2.0]))
+
+
+def test_deepcopy_is_independent():
+    original = statevar.Variable([1.0, 2.0], name="w", trainable=False, device="cpu:2")
+
+    duplicate = copy.deepcopy(original)
+
+    assert duplicate is not original
+    assert duplicate.name == "w"
+    assert duplicate.trainable is False
+    assert duplicate.dtype == original.dtype and duplicate.shape == original.shape
+    assert duplicate.device == original.device
+    assert duplicate.value.unsafe_buffer_pointer() != original.value.unsafe_buffer_pointer()
+    duplicate.assign([7.0, 8.0])
+    original.assign_add(1.0)
+    chex.assert_trees_all_close(original.value, jnp.array([2.0, 3.0]))
+    chex.assert_trees_all_close(duplicate.value, jnp.array([7.0, 8.0]))
+
+
+def test_deepcopy_of_a_structure_holding_a_variable_keeps_sharing_within_it():
+    v = statevar.Variable(1.0)
+
+    first, second = copy.deepcopy([v, v])
+
+    assert first is second
+    assert first is not v
+
+
+# ----------------------------------------------------------------------- trainable
+
+
+@pytest.mark.parametrize("trainable", [True, False])
+def test_trainable_is_set_at_creation(trainable):
+    assert statevar.Variable(1.0, trainable=trainable).trainable is trainable
+
+
+def test_trainable_defaults_to_true_and_can_be_changed():
+    v = statevar.Variable(1.0)
+    assert v.trainable is True
+
+    v.trainable = False
+    assert v.trainable is False
+    v.trainable = True
+    assert v.trainable is True
+
+
+# ----------------------------------------------------------------------- plain JAX transformations
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [jax.jit, jax.grad, jax.vmap],
+    ids=["jit", "grad", "vmap"],
+)
+def test_creating_a_variable_from_a_tracer_raises(transform):
+    def make(x):
+        return statevar.Variable(x, name="inner").value.sum()
+
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot create Variable 'inner' from a traced value inside a JAX transformation",
+    ):
+        transform(make)(jnp.ones(()) if transform is not jax.vmap else jnp.ones(3))
