@@ -21,6 +21,8 @@ _BOOL, _INT, _FLOAT, _COMPLEX = range(4)
 _FAMILY_NAMES = {_BOOL: "bool", _INT: "integer", _FLOAT: "floating", _COMPLEX: "complex"}
 _PYTHON_SCALARS = {bool: _BOOL, int: _INT, float: _FLOAT, complex: _COMPLEX}
 _PYTHON_SCALAR_DTYPES = {bool: "bool", int: "int", float: "float", complex: "complex"}
+_FAMILY_TYPES = {family: kind for kind, family in _PYTHON_SCALARS.items()}
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _PHRASES = {
     "assign": "assign to",
     "assign_add": "assign_add to",
@@ -283,12 +285,20 @@ class Variable:
     def _check(self, value: Any, operation: str, target_shape: tuple[int, ...] | None = None) -> Any:
         """Validates ``value`` for an update, before anything is donated; returns it ready
         for the jitted update."""
+        source = _PYTHON_SCALARS.get(type(value))
+        if source is not None and target_shape is None:
+            # Fast path for the common assign_add(1.0): a Python scalar that converts safely.
+            target = _family(self._value.dtype)
+            if (source == target or _BOOL < source < target) and (
+                source != _INT or _fits_weakly(value, self._value.dtype)
+            ):
+                return value
         operation = _PHRASES[operation]
         if isinstance(value, Variable):
             value = value._read()
         if isinstance(value, (jax.Array, np.ndarray, np.generic)):
             source, shape = _family(value.dtype), value.shape
-            described = str(value.dtype)
+            described = value.dtype
             if isinstance(value, _Tracer) and _trace.innermost() is None:
                 raise TraceContextError(
                     f"Cannot {operation} Variable '{self.name}' inside jax.jit, jax.grad or "
@@ -308,10 +318,10 @@ class Variable:
                     f"Cannot {operation} Variable '{self.name}': expected a numeric value "
                     f"convertible to {self.dtype}, got {type(value).__name__} {_short(value)}"
                 )
-            value, source, shape, described = array, _family(array.dtype), array.shape, str(array.dtype)
+            value, source, shape, described = array, _family(array.dtype), array.shape, array.dtype
             if array.dtype == np.float64 or array.dtype == np.int64:
                 # Python numbers in a list are weakly typed, as in JAX.
-                described = _FAMILY_NAMES[source] + " values"
+                described = f"Python {_PYTHON_SCALAR_DTYPES[_FAMILY_TYPES[source]]}s"
         target = _family(self.dtype)
         if source is None or not (source == target or _BOOL < source < target):
             raise DtypeMismatchError(
@@ -439,6 +449,16 @@ def _unwrap(index: Any) -> Any:
     if isinstance(index, tuple):
         return tuple(part._read() if isinstance(part, Variable) else part for part in index)
     return index
+
+
+def _fits_weakly(value: int, dtype: np.dtype) -> bool:
+    """Whether a Python int can enter a jitted update as it is (a weak int32) and fit ``dtype``."""
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        return False
+    if _family(dtype) != _INT:
+        return True
+    smallest, largest = _integer_range(dtype)
+    return smallest <= value <= largest
 
 
 def _convert_host_integers(value: int | np.ndarray | np.generic, dtype: np.dtype) -> Any:

@@ -233,7 +233,7 @@ _REJECTED = {
         r"Variable 'v': a value of dtype float cannot be converted safely to the variable's "
         r"dtype int32 \(floating into integer\)",
     ),
-    "float_list_into_int": ([1, 2], [1.5, 2.0], TypeError, r"Variable 'v'.*floating.*int32"),
+    "float_list_into_int": ([1, 2], [1.5, 2.0], TypeError, r"Variable 'v'.*Python floats.*int32"),
     "float32_into_int": ([1, 2], jnp.array([1.0, 2.0]), TypeError, r"Variable 'v'.*float32.*int32"),
     "complex_into_float": (
         [1.0, 2.0],
