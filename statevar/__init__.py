@@ -1,6 +1,10 @@
 """statevar: mutable, TensorFlow-style variables on JAX, updated in place."""
 
+from ._checkpoint import CheckpointManager as CheckpointManager
+from ._checkpoint import restore as restore
+from ._checkpoint import save as save
 from ._errors import CheckpointCorruptedError as CheckpointCorruptedError
+from ._errors import CheckpointExistsError as CheckpointExistsError
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import DtypeMismatchError as DtypeMismatchError
@@ -23,6 +27,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointCorruptedError",
+    "CheckpointExistsError",
+    "CheckpointManager",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "DtypeMismatchError",
@@ -37,6 +43,8 @@ __all__ = [
     "device",
     "grad",
     "jit",
+    "restore",
+    "save",
     "set_log_device_placement",
     "set_soft_device_placement",
     "value_and_grad",

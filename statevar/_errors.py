@@ -31,6 +31,10 @@ class CheckpointNotFoundError(StatevarError, FileNotFoundError):
     """The checkpoint directory or step does not exist."""
 
 
+class CheckpointExistsError(StatevarError, FileExistsError):
+    """A save would overwrite a checkpoint that must be kept."""
+
+
 class CheckpointMismatchError(StatevarError, ValueError):
     """A checkpoint does not match the variables it is restored into."""
 

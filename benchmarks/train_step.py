@@ -1,0 +1,293 @@
+"""Per-step cost of a training step: statevar.jit against pure jax.jit and flax nnx.jit.
+
+Times the same step (forward, gradients, optax update) written three ways, in one run,
+and prints microseconds per step side by side with the ratio to pure `jax.jit`:
+
+- MLP 32 -> 64 -> 1, batch 16, ``optax.sgd``: `statevar.jit` (`statevar.value_and_grad`
+  and `statevar.Optimizer.apply`), a hand-written `jax.jit` step donating the parameters
+  and the optimizer state (``donate_argnums``), and `flax.nnx.jit` (``nnx.Linear`` layers,
+  ``nnx.Optimizer``).
+- 1,000 variables of shape f32[4], ``optax.sgd``: `statevar.jit` against `jax.jit`, where
+  the per-variable cost of a call dominates.
+
+Each variant runs ``--steps-per-round`` steps back to back (dispatch is asynchronous, as in a
+training loop) and waits for the last one; the variants take turns round after round, in a
+rotating order, so that drifting machine load hits them alike. The reported time is the
+median over rounds of the mean step time within a round. Targets: statevar at most 1.10x
+pure jax on the MLP and 1.2x with 1,000 variables; a miss prints FAIL (the script still
+exits 0: it reports, it does not gate).
+
+    python benchmarks/train_step.py [--rounds 60] [--steps-per-round 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+import statevar
+
+IN_FEATURES, HIDDEN, OUT_FEATURES, BATCH = 32, 64, 1, 16
+NUM_SMALL_VARIABLES, SMALL_SIZE = 1000, 4
+LEARNING_RATE = 1e-3
+TARGETS = {"MLP": 1.10, "1,000 variables": 1.2}
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def make_batch() -> tuple[jax.Array, jax.Array]:
+    key_x, key_y = jax.random.split(jax.random.key(0))
+    return (
+        jax.random.normal(key_x, (BATCH, IN_FEATURES)),
+        jax.random.normal(key_y, (BATCH, OUT_FEATURES)),
+    )
+
+
+def initial_mlp_params() -> dict[str, jax.Array]:
+    key_1, key_2 = jax.random.split(jax.random.key(1))
+    return {
+        "kernel_1": jax.random.normal(key_1, (IN_FEATURES, HIDDEN)) / IN_FEATURES**0.5,
+        "bias_1": jnp.zeros(HIDDEN),
+        "kernel_2": jax.random.normal(key_2, (HIDDEN, OUT_FEATURES)) / HIDDEN**0.5,
+        "bias_2": jnp.zeros(OUT_FEATURES),
+    }
+
+
+# ----------------------------------------------------------------------------- MLP steps
+# Each factory returns a function running one training step and returning the loss.
+
+
+def statevar_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
+    class Dense(statevar.Module):
+        def __init__(self, kernel: jax.Array, bias: jax.Array):
+            self.kernel = statevar.Variable(kernel)
+            self.bias = statevar.Variable(bias)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return x @ self.kernel + self.bias
+
+    class MLP(statevar.Module):
+        def __init__(self, params: dict[str, jax.Array]):
+            self.hidden = Dense(params["kernel_1"], params["bias_1"])
+            self.output = Dense(params["kernel_2"], params["bias_2"])
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.output(jax.nn.relu(self.hidden(x)))
+
+    model = MLP(initial_mlp_params())
+    optimizer = statevar.Optimizer(optax.sgd(LEARNING_RATE), model)
+
+    def loss_fn(x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.mean((model(x) - y) ** 2)
+
+    loss_and_grads = statevar.value_and_grad(loss_fn, model)
+
+    @statevar.jit
+    def step(x: jax.Array, y: jax.Array) -> jax.Array:
+        loss, grads = loss_and_grads(x, y)
+        optimizer.apply(grads)
+        return loss
+
+    return step
+
+
+def jax_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
+    tx = optax.sgd(LEARNING_RATE)
+
+    def loss_fn(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+        hidden = jax.nn.relu(x @ params["kernel_1"] + params["bias_1"])
+        return jnp.mean((hidden @ params["kernel_2"] + params["bias_2"] - y) ** 2)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def pure_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    params = initial_mlp_params()
+    state = [params, tx.init(params)]
+
+    def step(x: jax.Array, y: jax.Array) -> jax.Array:
+        state[0], state[1], loss = pure_step(state[0], state[1], x, y)
+        return loss
+
+    return step
+
+
+def nnx_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
+    class MLP(nnx.Module):
+        def __init__(self, params: dict[str, jax.Array]):
+            rngs = nnx.Rngs(0)
+            self.hidden = nnx.Linear(IN_FEATURES, HIDDEN, rngs=rngs)
+            self.output = nnx.Linear(HIDDEN, OUT_FEATURES, rngs=rngs)
+            self.hidden.kernel[...], self.hidden.bias[...] = params["kernel_1"], params["bias_1"]
+            self.output.kernel[...], self.output.bias[...] = params["kernel_2"], params["bias_2"]
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.output(jax.nn.relu(self.hidden(x)))
+
+    model = MLP(initial_mlp_params())
+    optimizer = nnx.Optimizer(model, optax.sgd(LEARNING_RATE), wrt=nnx.Param)
+
+    def loss_fn(model: MLP, x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.mean((model(x) - y) ** 2)
+
+    @nnx.jit
+    def nnx_step(model: MLP, optimizer: nnx.Optimizer, x: jax.Array, y: jax.Array) -> jax.Array:
+        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+        optimizer.update(model, grads)
+        return loss
+
+    return lambda x, y: nnx_step(model, optimizer, x, y)
+
+
+# ----------------------------------------------------------------------------- 1,000 variables
+
+
+def initial_vectors() -> list[jax.Array]:
+    stacked = jax.random.normal(jax.random.key(2), (NUM_SMALL_VARIABLES, SMALL_SIZE))
+    return list(stacked)
+
+
+def vectors_loss(vectors: list, x: jax.Array) -> jax.Array:
+    # A sum of per-vector terms compiles about twice as fast as one over jnp.stack(vectors).
+    return sum(jnp.sum((vector * x - 1.0) ** 2) for vector in vectors) / len(vectors)
+
+
+def statevar_many_step() -> Callable[[jax.Array], jax.Array]:
+    class Vectors(statevar.Module):
+        def __init__(self, vectors: list[jax.Array]):
+            self.vectors = [statevar.Variable(v) for v in vectors]
+
+    model = Vectors(initial_vectors())
+    optimizer = statevar.Optimizer(optax.sgd(LEARNING_RATE), model)
+    loss_and_grads = statevar.value_and_grad(
+        lambda x: vectors_loss([v.value for v in model.vectors], x), model
+    )
+
+    @statevar.jit
+    def step(x: jax.Array) -> jax.Array:
+        loss, grads = loss_and_grads(x)
+        optimizer.apply(grads)
+        return loss
+
+    return step
+
+
+def jax_many_step() -> Callable[[jax.Array], jax.Array]:
+    tx = optax.sgd(LEARNING_RATE)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def pure_step(params, opt_state, x):
+        loss, grads = jax.value_and_grad(vectors_loss)(params, x)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    params = initial_vectors()
+    state = [params, tx.init(params)]
+
+    def step(x: jax.Array) -> jax.Array:
+        state[0], state[1], loss = pure_step(state[0], state[1], x)
+        return loss
+
+    return step
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def time_steps(step: Callable, args: tuple, count: int) -> float:
+    """Runs ``count`` steps and waits for the last; returns seconds per step."""
+    start = time.perf_counter()
+    for _ in range(count):
+        loss = step(*args)
+    loss.block_until_ready()
+    return (time.perf_counter() - start) / count
+
+
+def benchmark(
+    variants: dict[str, Callable], args: tuple, rounds: int, steps: int
+) -> dict[str, list[float]]:
+    """Returns each variant's microseconds per step in every round, interleaving variants."""
+    for step in variants.values():  # compile and warm up
+        time_steps(step, args, max(steps, 20))
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(time_steps(variants[name], args, steps))
+    return {name: [seconds * 1e6 for seconds in times] for name, times in samples.items()}
+
+
+def report(title: str, samples: dict[str, list[float]], baseline: str, target: float) -> bool:
+    """Prints the medians side by side (and the best round, less exposed to machine load)."""
+    medians = {name: statistics.median(micros) for name, micros in samples.items()}
+    best = {name: min(micros) for name, micros in samples.items()}
+    print(f"\n{title}")
+    header = f"{'median us/step':>16}{'vs jax.jit':>12}{'best round':>12}{'vs jax.jit':>12}"
+    print(f"  {'variant':<22}{header}")
+    for name in samples:
+        print(
+            f"  {name:<22}{medians[name]:>16.1f}{medians[name] / medians[baseline]:>11.2f}x"
+            f"{best[name]:>12.1f}{best[name] / best[baseline]:>11.2f}x"
+        )
+    ratio = medians["statevar.jit"] / medians[baseline]
+    passed = ratio <= target
+    verdict = "PASS" if passed else "FAIL"
+    print(f"  target statevar.jit <= {target:.2f}x jax.jit (medians): {ratio:.3f}x {verdict}")
+    return passed
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=60, help="timed rounds per model")
+    parser.add_argument("--steps-per-round", type=int, default=50, help="steps timed together")
+    args = parser.parse_args(argv)
+
+    print(
+        f"jax {jax.__version__}, {jax.devices()[0].platform}, {platform.python_version()}; "
+        f"{args.rounds} rounds x {args.steps_per_round} steps, median of round means"
+    )
+    x, y = make_batch()
+    mlp = benchmark(
+        {
+            "statevar.jit": statevar_mlp_step(),
+            "jax.jit (donated)": jax_mlp_step(),
+            "nnx.jit": nnx_mlp_step(),
+        },
+        (x, y),
+        args.rounds,
+        args.steps_per_round,
+    )
+    small_x = jax.random.normal(jax.random.key(3), (SMALL_SIZE,))
+    many = benchmark(
+        {"statevar.jit": statevar_many_step(), "jax.jit (donated)": jax_many_step()},
+        (small_x,),
+        args.rounds,
+        args.steps_per_round,
+    )
+    results = [
+        report("MLP 32->64->1, batch 16, sgd", mlp, "jax.jit (donated)", TARGETS["MLP"]),
+        report(
+            f"{NUM_SMALL_VARIABLES:,} variables f32[{SMALL_SIZE}], sgd",
+            many,
+            "jax.jit (donated)",
+            TARGETS["1,000 variables"],
+        ),
+    ]
+    print(f"\n{'PASS' if all(results) else 'FAIL'}: {sum(results)} of {len(results)} targets met")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,654 @@
+"""Checkpoints: `save` and `restore` named variables, and a step-numbered `CheckpointManager`.
+
+orbax-checkpoint stores the arrays (``directory/data-<hex>/`` for `save`,
+``directory/<step>/state/`` for `CheckpointManager`). Beside them statevar writes
+``statevar_checkpoint.json``: each variable's name, shape, dtype and sha256, and each data
+file's size and sha256, sealed by a sha256 of its own. Nothing on disk is a pickle.
+
+A directory is a checkpoint only once its manifest exists. orbax writes into a temporary
+directory and renames it when done; then the data is flushed to disk and the manifest is
+written to a temporary file that ``os.replace`` moves into place. A process killed at any
+moment so leaves the previous checkpoint or the new one, never a mixture. Orbax keys the
+arrays by position (``"0"``, ``"1"``, ...), not by name, because it maps some distinct
+names to one storage key (``"a"`` and ``"a/"``); the manifest maps names to keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._errors import (
+    CheckpointCorruptedError,
+    CheckpointExistsError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+)
+from ._module import Module
+from ._variable import Variable
+
+if TYPE_CHECKING:
+    import orbax.checkpoint as ocp
+
+MANIFEST = "statevar_checkpoint.json"
+_FORMAT = "statevar.checkpoint"
+_VERSION = 1
+_STEP_ITEM = "state"
+_DATA_NAME = re.compile(r"^data-[0-9a-f]{32}$")
+# What a save into a plain directory may leave behind when it is killed: unreferenced data
+# directories, orbax's temporary directories for them, and temporary manifests.
+_DEBRIS = re.compile(
+    r"^(data-[0-9a-f]{32}(\.orbax-checkpoint-tmp.*)?|"
+    + re.escape(MANIFEST)
+    + r"\.tmp-[0-9a-f]{32})$"
+)
+_STEP_NAME = re.compile(r"^(0|[1-9][0-9]*)$")
+
+PathLike = str | os.PathLike
+
+
+def _orbax() -> Any:
+    """Imports orbax-checkpoint on first use, keeping it out of ``import statevar``."""
+    import orbax.checkpoint
+
+    return orbax.checkpoint
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _named_variables(target: Any) -> dict[str, Variable]:
+    """Returns the target's variables by checkpoint key: a Module's `named_variables`, a bare
+    Variable's own name. Containers add nothing to the keys."""
+    named: dict[str, Variable] = {}
+    where: dict[str, str] = {}
+
+    def add(key: str, variable: Variable, path: str) -> None:
+        if key in named and named[key] is not variable:
+            raise ValueError(
+                f"Two variables in the checkpoint target have the name {key!r} (at "
+                f"{where[key]} and {path}); give them distinct name= values, or hold them in "
+                "a statevar.Module, which names unnamed variables by their path"
+            )
+        named[key], where[key] = variable, path
+
+    def visit(obj: Any, path: str) -> None:
+        if isinstance(obj, Variable):
+            add(obj.name, obj, path or "the top level")
+        elif isinstance(obj, Module):
+            for key, variable in obj.named_variables().items():
+                add(key, variable, f"{path or type(obj).__name__}/{key}")
+        elif isinstance(obj, (list, tuple)):
+            for i, item in enumerate(obj):
+                visit(item, f"{path}[{i}]")
+        elif isinstance(obj, dict):
+            for key, item in obj.items():
+                visit(item, f"{path}[{key!r}]")
+        else:
+            raise TypeError(
+                "Expected the checkpoint target to be a Variable, a Module, or a list, tuple "
+                f"or dict of them; got {type(obj).__name__} at {path or 'the top level'}"
+            )
+
+    visit(target, "")
+    return named
+
+
+def _describe(shape: Any, dtype: Any) -> str:
+    return f"{dtype}[{','.join(str(d) for d in shape)}]"
+
+
+def _sha256(array: Any) -> str:
+    host = np.ascontiguousarray(np.asarray(array))
+    return hashlib.sha256(host.reshape(-1).view(np.uint8)).hexdigest()
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _fsync(path: pathlib.Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_tree(path: pathlib.Path) -> None:
+    """Flushes every file and directory under ``path`` to disk, so that a manifest written
+    afterwards never points at data still in the page cache."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            _fsync(pathlib.Path(root, name))
+        _fsync(pathlib.Path(root))
+
+
+def _file_sha256(path: pathlib.Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def _describe_files(data: pathlib.Path) -> list[dict[str, Any]]:
+    """Lists every file orbax wrote under ``data`` with its size and sha256."""
+    files = sorted(path for path in data.rglob("*") if path.is_file())
+    return [
+        dict(path=p.relative_to(data).as_posix(), size=p.stat().st_size, sha256=_file_sha256(p))
+        for p in files
+    ]
+
+
+def _changed_files(data: pathlib.Path, files: list[dict[str, Any]]) -> list[str]:
+    """Returns the listed files that are missing or differ from their size and sha256."""
+    return [
+        file["path"]
+        for file in files
+        if not (data / file["path"]).is_file()
+        or (data / file["path"]).stat().st_size != file["size"]
+        or _file_sha256(data / file["path"]) != file["sha256"]
+    ]
+
+
+def _manifest_digest(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def _write_manifest(
+    checkpoint: pathlib.Path, data: str | None, entries: list[dict[str, Any]]
+) -> None:
+    """Flushes the data to disk, then writes the manifest last, atomically: a temporary file,
+    flushed, then renamed over the old one."""
+    files = []
+    if data is not None:
+        _fsync_tree(checkpoint / data)
+        files = _describe_files(checkpoint / data)
+    body = dict(format=_FORMAT, version=_VERSION, data=data, variables=entries, files=files)
+    # One variable or file per line, so that the manifest reads well.
+    head = json.dumps(dict(format=_FORMAT, version=_VERSION, data=data))[:-1]
+    variables, files_text = (
+        ",\n".join(f"  {json.dumps(x)}" for x in xs) for xs in (entries, files)
+    )
+    text = (
+        f'{head},\n "variables": [\n{variables}\n ],\n "files": [\n{files_text}\n ],\n'
+        f' "sha256": "{_manifest_digest(body)}"}}\n'
+    )
+    temporary = checkpoint / f"{MANIFEST}.tmp-{uuid.uuid4().hex}"
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, checkpoint / MANIFEST)
+    _fsync(checkpoint)
+
+
+def _all_typed(items: Any, fields: dict[str, Any]) -> bool:
+    return isinstance(items, list) and all(
+        isinstance(item, dict) and all(isinstance(item.get(f), t) for f, t in fields.items())
+        for item in items
+    )
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    """Returns what is wrong with a parsed manifest, or None."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("sha256"), str):
+        return "its manifest is not a statevar manifest"
+    body = {key: value for key, value in manifest.items() if key != "sha256"}
+    if _manifest_digest(body) != manifest["sha256"]:
+        return "its manifest does not match its own sha256 checksum"
+    if body.get("format") != _FORMAT or body.get("version") != _VERSION:
+        return (
+            f"its manifest has format {body.get('format')!r} version {body.get('version')!r}; "
+            f"this statevar reads {_FORMAT!r} version {_VERSION}"
+        )
+    data, entries, files = body.get("data"), body.get("variables"), body.get("files")
+    if data is not None and not (data == _STEP_ITEM or _DATA_NAME.match(str(data))):
+        return f"its manifest names an invalid data directory {data!r}"
+    fields = dict(name=str, key=(str, type(None)), shape=list, dtype=str, sha256=str)
+    if not _all_typed(entries, fields) or not all(
+        isinstance(d, int) and d >= 0 for entry in entries for d in entry["shape"]
+    ):
+        return "its manifest's variable entries are malformed"
+    if not _all_typed(files, dict(path=str, size=int, sha256=str)) or any(
+        ".." in file["path"].split("/") or file["path"].startswith("/") for file in files
+    ):
+        return "its manifest's file entries are malformed"
+    names = [entry["name"] for entry in entries]
+    keys = [entry["key"] for entry in entries if entry["key"] is not None]
+    if len(set(names)) != len(names) or len(set(keys)) != len(keys):
+        return "its manifest lists a name or key twice"
+    if (keys or files) and data is None:
+        return "its manifest lists stored data but no data directory"
+    return None
+
+
+def _read_manifest(checkpoint: pathlib.Path, shown: str) -> dict[str, Any]:
+    path = checkpoint / MANIFEST
+    if not path.is_file():
+        steps = _complete_steps(checkpoint)
+        if not checkpoint.is_dir():
+            reason = "does not exist"
+        elif steps:
+            reason = (
+                "holds CheckpointManager steps, not a checkpoint; use "
+                f"statevar.CheckpointManager({shown!r}).restore(target), or restore one step "
+                f"directory such as {os.path.join(shown, str(steps[-1]))!r}"
+            )
+        else:
+            reason = (
+                f"holds no complete checkpoint (no {MANIFEST}): it is empty, holds something "
+                "else, or a save into it stopped before it finished"
+            )
+        raise CheckpointNotFoundError(f"Checkpoint directory {shown!r} {reason}")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        problem = _manifest_problem(manifest)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        problem = f"its manifest is not valid JSON ({error})"
+    if problem is not None:
+        raise CheckpointCorruptedError(f"Checkpoint {shown!r} is corrupted: {problem}")
+    return manifest
+
+
+# --------------------------------------------------------------------------- save
+
+
+def _snapshot(variables: dict[str, Variable]) -> tuple[list[dict[str, Any]], dict[str, jax.Array]]:
+    """Reads every value once; returns the manifest entries and the arrays orbax stores,
+    keyed by position. Orbax cannot store zero-size arrays, and need not: the manifest's
+    shape and dtype rebuild them."""
+    entries, arrays = [], {}
+    for name, variable in variables.items():
+        value = variable.value
+        key = None if value.size == 0 else str(len(arrays))
+        if key is not None:
+            arrays[key] = value
+        shape, dtype = list(value.shape), str(value.dtype)
+        entries.append(dict(name=name, key=key, shape=shape, dtype=dtype, sha256=_sha256(value)))
+    return entries, arrays
+
+
+def _write_data(path: pathlib.Path, arrays: dict[str, jax.Array]) -> None:
+    ocp = _orbax()
+    checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
+    try:
+        checkpointer.save(path, args=ocp.args.StandardSave(arrays))
+    finally:
+        checkpointer.close()
+
+
+def save(directory: PathLike, target: Any) -> None:
+    """Saves the target's variables to ``directory``, atomically, replacing what is there.
+
+    Variables are keyed by name: a Module's by `Module.named_variables` (explicit ``name=``,
+    else the path, such as ``"layers/0/kernel"``), a Variable given directly or in a
+    container by its own ``name``; containers add nothing. The values are read once; nothing
+    is donated or changed, and arrays read earlier stay valid.
+
+    Saving over a checkpoint replaces it atomically: the arrays go to a new data directory,
+    one rename puts the new manifest in place of the old, then the old data is deleted. A
+    process killed at any moment leaves the old checkpoint or the new one, whole. Files that
+    statevar did not write are left alone.
+
+    Args:
+      directory: where to save; created if missing.
+      target: a Variable, a Module, or a (possibly nested) list, tuple or dict of them.
+
+    Raises:
+      TypeError: if ``target`` holds anything but Variables, Modules and containers.
+      ValueError: if two different variables have the same name.
+
+    Example:
+      >>> import tempfile, statevar
+      >>> w = statevar.Variable([1.0, 2.0], name="w")
+      >>> directory = tempfile.mkdtemp()
+      >>> statevar.save(directory, w)
+      >>> w.assign([0.0, 0.0])
+      <Variable 'w' shape=(2,) dtype=float32, numpy=array([0., 0.], dtype=float32)>
+      >>> statevar.restore(directory, w)
+      ['w']
+      >>> w
+      <Variable 'w' shape=(2,) dtype=float32, numpy=array([1., 2.], dtype=float32)>
+    """
+    entries, arrays = _snapshot(_named_variables(target))
+    checkpoint = pathlib.Path(directory).absolute()
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    data = None
+    if arrays:
+        data = f"data-{uuid.uuid4().hex}"
+        _write_data(checkpoint / data, arrays)
+    _write_manifest(checkpoint, data, entries)
+    for entry in checkpoint.iterdir():
+        if entry.name != data and _DEBRIS.match(entry.name):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- restore
+
+
+def _read_values(
+    checkpoint: pathlib.Path, manifest: dict[str, Any], variables: dict[str, Variable], shown: str
+) -> dict[str, jax.Array]:
+    """Reads the values of ``variables`` onto their own shardings and verifies every one
+    against the manifest before returning any."""
+    entries = {entry["name"]: entry for entry in manifest["variables"]}
+    wanted = {name: entries[name] for name in variables}
+    stored = {name: entry for name, entry in wanted.items() if entry["key"] is not None}
+    values: dict[str, jax.Array] = {}
+    if stored:
+        # Checking the files first keeps damaged bytes away from orbax, which reports them
+        # as a generic Exception and leaves its pending reads to fail at garbage collection.
+        changed = _changed_files(checkpoint / manifest["data"], manifest["files"])
+        if changed:
+            raise CheckpointCorruptedError(
+                f"Checkpoint {shown!r} is corrupted: its data files "
+                f"{', '.join(repr(path) for path in changed)} are missing or changed since the "
+                "save; no variable was changed"
+            )
+        ocp = _orbax()
+        item, restore_args = {}, {}
+        for name, entry in stored.items():
+            shape, sharding = tuple(entry["shape"]), variables[name].sharding
+            item[entry["key"]] = jax.ShapeDtypeStruct(
+                shape, variables[name].dtype, sharding=sharding
+            )
+            # dtype=None reads the array in its stored dtype: nothing is cast on the way.
+            restore_args[entry["key"]] = ocp.ArrayRestoreArgs(
+                sharding=sharding, global_shape=shape, dtype=None
+            )
+        checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+        try:
+            arguments = ocp.args.PyTreeRestore(
+                item=item, restore_args=restore_args, partial_restore=True
+            )
+            read = checkpointer.restore(checkpoint / manifest["data"], args=arguments)
+        except Exception as error:  # tensorstore reports damage as ValueError or Exception
+            first_line = (str(error).splitlines() or [""])[0][:300]
+            raise CheckpointCorruptedError(
+                f"Checkpoint {shown!r} is corrupted: its data could not be read "
+                f"({type(error).__name__}: {first_line}); no variable was changed"
+            ) from error
+        finally:
+            checkpointer.close()
+        values = {name: read[entry["key"]] for name, entry in stored.items()}
+    for name, entry in wanted.items():
+        if entry["key"] is None:
+            values[name] = jax.device_put(
+                jnp.zeros(entry["shape"], entry["dtype"]), variables[name].sharding
+            )
+    damaged = [
+        name
+        for name, entry in wanted.items()
+        if values[name].shape != tuple(entry["shape"])
+        or str(values[name].dtype) != entry["dtype"]
+        or _sha256(values[name]) != entry["sha256"]
+    ]
+    if damaged:
+        raise CheckpointCorruptedError(
+            f"Checkpoint {shown!r} is corrupted: the stored data of "
+            f"{', '.join(repr(name) for name in damaged)} does not match the sha256 checksum "
+            "in its manifest; no variable was changed"
+        )
+    return values
+
+
+def _restore(checkpoint: pathlib.Path, target: Any, partial: bool, shown: str) -> list[str]:
+    variables = _named_variables(target)
+    manifest = _read_manifest(checkpoint, shown)
+    entries = {entry["name"]: entry for entry in manifest["variables"]}
+    missing = [name for name in variables if name not in entries]
+    unexpected = [name for name in entries if name not in variables]
+    common = {name: variable for name, variable in variables.items() if name in entries}
+    differing = [
+        f"{name!r} (checkpoint {_describe(entries[name]['shape'], entries[name]['dtype'])}, "
+        f"variable {_describe(variable.shape, variable.dtype)})"
+        for name, variable in common.items()
+        if _describe(entries[name]["shape"], entries[name]["dtype"])
+        != _describe(variable.shape, variable.dtype)
+    ]
+    if differing or (not partial and (missing or unexpected)) or (variables and not common):
+        problems = []
+        if missing and (not partial or not common):
+            problems.append(
+                "missing from the checkpoint (the target has them, the checkpoint does not): "
+                + ", ".join(repr(name) for name in missing)
+            )
+        if unexpected and (not partial or not common):
+            problems.append(
+                "unexpected in the checkpoint (the checkpoint has them, the target does not): "
+                + ", ".join(repr(name) for name in unexpected)
+            )
+        if differing:
+            problems.append("shape or dtype differs: " + ", ".join(differing))
+        hint = (
+            "\nPass partial=True to restore only the names both have."
+            if not partial and not differing and common
+            else ""
+        )
+        raise CheckpointMismatchError(
+            f"Cannot restore from checkpoint {shown!r}: it does not match the target's "
+            "variables, so no variable was changed.\n  " + "\n  ".join(problems) + hint
+        )
+    values = _read_values(checkpoint, manifest, common, shown)
+    for name, variable in common.items():
+        variable.assign(values[name])
+    return list(common)
+
+
+def restore(directory: PathLike, target: Any, *, partial: bool = False) -> list[str]:
+    """Loads a checkpoint into the target's variables, in place, all or nothing.
+
+    Variables are matched by name, as `save` keys them. Every value is read onto its
+    variable's device and sharding and checked against its sha256 before any variable
+    changes; then each is set with `Variable.assign`, which donates the old buffer when
+    nothing else holds it (arrays read earlier stay valid). Dtypes must match: nothing is cast.
+
+    Args:
+      directory: a directory written by `save`, or one step directory of a
+        `CheckpointManager`.
+      target: a Variable, a Module, or a (possibly nested) list, tuple or dict of them.
+      partial: if True, restore only the names both the checkpoint and the target have,
+        leaving the target's other variables unchanged.
+
+    Returns:
+      The names of the variables restored, in the target's order.
+
+    Raises:
+      CheckpointNotFoundError: (a FileNotFoundError) if ``directory`` does not exist or
+        holds no complete checkpoint.
+      CheckpointMismatchError: (a ValueError) if a shape or dtype differs, or names are
+        missing from the checkpoint or unexpected in it (only when ``partial`` is False), or
+        no name is shared at all; the message names every offending variable.
+      CheckpointCorruptedError: (a ValueError) if the manifest or the data is damaged.
+      TypeError, ValueError: as `save`, for the target.
+
+    Example:
+      >>> import tempfile, statevar
+      >>> directory = tempfile.mkdtemp()
+      >>> statevar.save(directory, [statevar.Variable(1, name="step")])
+      >>> step = statevar.Variable(0, name="step")
+      >>> extra = statevar.Variable(0.5, name="extra")
+      >>> statevar.restore(directory, [step, extra], partial=True)
+      ['step']
+      >>> int(step), float(extra)
+      (1, 0.5)
+    """
+    return _restore(pathlib.Path(directory).absolute(), target, partial, str(directory))
+
+
+# --------------------------------------------------------------------------- manager
+
+
+def _complete_steps(directory: pathlib.Path) -> list[int]:
+    """The steps under ``directory`` whose manifest exists, in increasing order."""
+    if not directory.is_dir():
+        return []
+    return sorted(
+        int(entry.name)
+        for entry in directory.iterdir()
+        if _STEP_NAME.match(entry.name) and (entry / MANIFEST).is_file()
+    )
+
+
+class CheckpointManager:
+    """Keeps numbered checkpoints of a training run in one directory, built on orbax.
+
+    ``save(step, target)`` writes ``directory/<step>/`` with orbax's ``CheckpointManager``,
+    then statevar's manifest; a step counts only once its manifest exists, so an interrupted
+    save is never listed or restored. Steps are ordered by number. One process at a time
+    should save into a directory.
+
+    Args:
+      directory: where the step directories go; created by the first `save`.
+      max_to_keep: how many of the highest-numbered steps to keep (the step just saved is
+        always kept); None keeps every step.
+
+    Raises:
+      ValueError: if ``max_to_keep`` is not None or a positive int.
+
+    Example:
+      >>> import tempfile, statevar
+      >>> step = statevar.Variable(0, name="step")
+      >>> manager = statevar.CheckpointManager(tempfile.mkdtemp(), max_to_keep=2)
+      >>> print(manager.restore(step))  # nothing saved yet: start from scratch
+      None
+      >>> for i in range(1, 4):
+      ...     _ = step.assign(i)
+      ...     manager.save(i, step)
+      >>> manager.all_steps()
+      [2, 3]
+      >>> _ = step.assign(0)
+      >>> manager.restore(step), int(step)
+      (3, 3)
+    """
+
+    def __init__(self, directory: PathLike, *, max_to_keep: int | None = 5):
+        if max_to_keep is not None and (type(max_to_keep) is not int or max_to_keep < 1):
+            raise ValueError(
+                f"Expected max_to_keep to be None or a positive int, got {max_to_keep!r}"
+            )
+        self._shown = str(directory)
+        self._directory = pathlib.Path(directory).absolute()
+        self._max_to_keep = max_to_keep
+
+    @property
+    def directory(self) -> pathlib.Path:
+        """The directory holding the step directories."""
+        return self._directory
+
+    def all_steps(self) -> list[int]:
+        """Returns the steps that hold a complete checkpoint, in increasing order."""
+        return _complete_steps(self._directory)
+
+    def latest_step(self) -> int | None:
+        """Returns the highest complete step, or None if there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def _orbax_manager(self) -> ocp.CheckpointManager:
+        # A fresh orbax manager per save sees the directory as it is now. Lightweight
+        # initialization reads no step metadata, so it has nothing to warn about.
+        ocp = _orbax()
+        options = ocp.CheckpointManagerOptions(
+            create=True,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=False,
+            lightweight_initialize=True,
+        )
+        return ocp.CheckpointManager(self._directory, options=options, item_names=(_STEP_ITEM,))
+
+    def save(self, step: int, target: Any) -> None:
+        """Saves the target's variables as ``step``, then deletes steps beyond `max_to_keep`.
+
+        Keys and reads are as in `statevar.save`; step directories that interrupted saves
+        left (no manifest) are deleted first.
+
+        Args:
+          step: the step number, a non-negative int.
+          target: a Variable, a Module, or a (possibly nested) list, tuple or dict of them.
+
+        Raises:
+          TypeError: if ``step`` is not an int, or as `statevar.save` for the target.
+          ValueError: if ``step`` is negative, or two different variables have one name.
+          CheckpointExistsError: (a FileExistsError) if ``step`` already holds a complete
+            checkpoint; steps are never overwritten.
+        """
+        if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
+            raise TypeError(f"Expected the step to be an int, got {type(step).__name__}")
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"Expected the step to be non-negative, got {step}")
+        if step in self.all_steps():
+            raise CheckpointExistsError(
+                f"Cannot save step {step} to {self._shown!r}: that step already holds a "
+                "checkpoint, and steps are never overwritten; save under a new step number"
+            )
+        entries, arrays = _snapshot(_named_variables(target))
+        for entry in self._directory.iterdir() if self._directory.is_dir() else ():
+            if _STEP_NAME.match(entry.name) and entry.is_dir() and not (entry / MANIFEST).exists():
+                shutil.rmtree(entry)  # what an interrupted save or deletion left
+        ocp = _orbax()
+        manager = self._orbax_manager()
+        try:
+            manager.save(
+                step,
+                args=ocp.args.Composite(**{_STEP_ITEM: ocp.args.StandardSave(arrays)}),
+                force=True,  # orbax would otherwise skip, silently, a step below its latest
+            )
+            step_directory = self._directory / str(step)
+            _write_manifest(step_directory, _STEP_ITEM if arrays else None, entries)
+            if self._max_to_keep is not None:
+                older = [s for s in self.all_steps() if s != step]
+                for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
+                    # Removing the manifest first makes the step incomplete at once, so a
+                    # process killed while orbax deletes the rest leaves no half-deleted
+                    # step that looks complete.
+                    (self._directory / str(old) / MANIFEST).unlink()
+                    manager.delete(old)
+        finally:
+            manager.close()
+
+    def restore(self, target: Any, step: int | None = None, *, partial: bool = False) -> int | None:
+        """Restores ``step`` (by default the latest) into the target; see `statevar.restore`.
+
+        Args:
+          target: a Variable, a Module, or a (possibly nested) list, tuple or dict of them.
+          step: the step to restore; None restores the latest complete step.
+          partial: as in `statevar.restore`.
+
+        Returns:
+          The step restored, or None (and nothing changes) when ``step`` is None and there
+          is no checkpoint yet: ``start = 0 if restored is None else restored + 1``.
+
+        Raises:
+          CheckpointNotFoundError: (a FileNotFoundError) if ``step`` is given and holds no
+            complete checkpoint; the message lists the steps there are.
+          CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
+        """
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                return None
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointNotFoundError(
+                f"Checkpoint directory {self._shown!r} has no complete step {step}; the steps "
+                f"there are {steps}"
+            )
+        _restore(self._directory / str(step), target, partial, os.path.join(self._shown, str(step)))
+        return step
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({self._shown!r}, max_to_keep={self._max_to_keep})"

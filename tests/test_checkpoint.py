@@ -1,0 +1,710 @@
+"""statevar.save, statevar.restore and statevar.CheckpointManager.
+
+The promises tested: orbax stores the data and nothing is a pickle; a save killed at any
+moment leaves the previous checkpoint whole; restore is all or nothing and never casts;
+damage is detected, never restored; errors subclass the builtins a user would catch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import statevar
+from statevar import _checkpoint
+
+MANIFEST = "statevar_checkpoint.json"
+
+
+class Dense(statevar.Module):
+    def __init__(self, n_in=2, n_out=3, scale=1.0):
+        self.kernel = statevar.Variable(np.full((n_in, n_out), scale, np.float32))
+        self.bias = statevar.Variable(np.zeros(n_out, np.float32))
+
+
+class Model(statevar.Module):
+    def __init__(self, scale=1.0):
+        self.layers = [Dense(scale=scale), Dense(3, 1, scale=scale)]
+        self.step = statevar.Variable(0, trainable=False, name="step")
+
+
+def values(model):
+    return {name: np.asarray(v.value) for name, v in model.named_variables().items()}
+
+
+def assert_values(model, expected):
+    got = values(model)
+    assert list(got) == list(expected)
+    for name in expected:
+        assert got[name].dtype == expected[name].dtype, name
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def rewrite_manifest(directory, edit):
+    """Applies ``edit`` to the parsed manifest and writes it back with a valid checksum, as a
+    different program could."""
+    path = pathlib.Path(directory, MANIFEST)
+    manifest = json.loads(path.read_text())
+    manifest.pop("sha256")
+    edit(manifest)
+    manifest["sha256"] = _checkpoint._manifest_digest(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def test_save_restore_round_trip_of_a_module(tmp_path):
+    model = Model()
+    model.layers[0].kernel.assign(np.arange(6, dtype=np.float32).reshape(2, 3))
+    model.step.assign(7)
+    saved = values(model)
+    statevar.save(tmp_path / "ckpt", model)
+
+    other = Model(scale=5.0)
+    restored = statevar.restore(tmp_path / "ckpt", other)
+
+    assert restored == [
+        "layers/0/kernel",
+        "layers/0/bias",
+        "layers/1/kernel",
+        "layers/1/bias",
+        "step",
+    ]
+    assert_values(other, saved)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.bool_,
+        np.int8,
+        np.uint8,
+        np.int16,
+        np.uint32,
+        np.int32,
+        np.float16,
+        ml_dtypes.bfloat16,
+        np.float32,
+        np.complex64,
+    ],
+    ids=lambda d: np.dtype(d).name,
+)
+@pytest.mark.parametrize("shape", [(), (2, 0), (4, 5)], ids=str)
+def test_round_trip_is_exact_for_every_dtype_and_shape(tmp_path, dtype, shape):
+    rng = np.random.default_rng(0)
+    data = (rng.standard_normal(shape) * 100).astype(dtype)
+    if np.issubdtype(dtype, np.complexfloating):
+        data = (data + 1j * rng.standard_normal(shape)).astype(dtype)
+    variable = statevar.Variable(data, name="v")
+    statevar.save(tmp_path, variable)
+    variable.assign(np.zeros(shape, dtype))
+
+    statevar.restore(tmp_path, variable)
+
+    assert variable.dtype == np.dtype(dtype)
+    assert variable.shape == shape
+    np.testing.assert_array_equal(variable.numpy(), data)
+
+
+def test_restore_places_each_value_on_its_variables_device(tmp_path):
+    a = statevar.Variable([1.0, 2.0], name="a", device="cpu:1")
+    b = statevar.Variable([3.0], name="b", device="cpu:3")
+    statevar.save(tmp_path, [a, b])
+    a2 = statevar.Variable([0.0, 0.0], name="a", device="cpu:2")
+    b2 = statevar.Variable([0.0], name="b", device="cpu:0")
+
+    statevar.restore(tmp_path, [a2, b2])
+
+    chex.assert_tree_is_on_device(a2.value, device=jax.devices("cpu")[2])
+    chex.assert_tree_is_on_device(b2.value, device=jax.devices("cpu")[0])
+    chex.assert_trees_all_close((a2.value, b2.value), (jnp.array([1.0, 2.0]), jnp.array([3.0])))
+
+
+def test_keys_are_module_paths_explicit_names_and_own_names(tmp_path):
+    model = Model()
+    loose = statevar.Variable(1.0, name="ema/decay")
+    statevar.save(tmp_path, {"model": model, "extras": [loose]})
+
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    names = [entry["name"] for entry in manifest["variables"]]
+    assert names == [
+        "layers/0/kernel",
+        "layers/0/bias",
+        "layers/1/kernel",
+        "layers/1/bias",
+        "step",
+        "ema/decay",
+    ]
+    # The same names restore into differently nested targets.
+    assert statevar.restore(tmp_path, [Model(), statevar.Variable(0.0, name="ema/decay")]) == names
+
+
+def test_two_variables_with_one_name_raise(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"Two variables .* name 'Variable' \(at \[0\] and \[1\]\)"
+    ):
+        statevar.save(tmp_path, [statevar.Variable(1.0), statevar.Variable(2.0)])
+    assert not (tmp_path / MANIFEST).exists()
+
+
+def test_the_same_variable_twice_is_one_variable(tmp_path):
+    w = statevar.Variable([1.0], name="w")
+    statevar.save(tmp_path, [w, {"again": w}])
+    assert statevar.restore(tmp_path, w) == ["w"]
+
+
+def test_a_target_of_the_wrong_type_raises(tmp_path):
+    with pytest.raises(
+        TypeError, match=r"Variable, a Module, or a list, tuple or dict .* got str at \[1\]"
+    ):
+        statevar.save(tmp_path, [statevar.Variable(1.0), "oops"])
+
+
+def test_save_reads_without_donating_and_restore_keeps_earlier_reads_valid(tmp_path):
+    w = statevar.Variable([1.0, 2.0], name="w")
+    before_save = w.value
+    statevar.save(tmp_path, w)
+    assert not before_save.is_deleted()
+    w.assign([5.0, 6.0])
+    before_restore = w.value
+
+    statevar.restore(tmp_path, w)
+
+    np.testing.assert_array_equal(before_restore, [5.0, 6.0])
+    np.testing.assert_array_equal(w.numpy(), [1.0, 2.0])
+
+
+def test_nothing_on_disk_is_a_pickle_and_loading_unpickles_nothing(tmp_path, monkeypatch):
+    model = Model()
+    statevar.save(tmp_path, model)
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert not path.read_bytes().startswith(b"\x80"), f"{path} looks like a pickle"
+    json.loads((tmp_path / MANIFEST).read_text())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("restore unpickled something")
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+    statevar.restore(tmp_path, Model(scale=3.0))
+
+
+def test_save_replaces_a_checkpoint_and_deletes_the_old_data(tmp_path):
+    w = statevar.Variable([1.0], name="w")
+    (tmp_path / "notes.txt").write_text("mine")
+    statevar.save(tmp_path, w)
+    w.assign([2.0])
+    statevar.save(tmp_path, w)
+    w.assign([0.0])
+
+    statevar.restore(tmp_path, w)
+
+    np.testing.assert_array_equal(w.numpy(), [2.0])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 3 and names[1:] == ["notes.txt", MANIFEST]
+    assert names[0].startswith("data-")
+
+
+def test_a_checkpoint_of_only_zero_size_variables_needs_no_orbax_data(tmp_path):
+    empty = statevar.Variable(np.zeros((0, 4), np.float32), name="empty")
+    statevar.save(tmp_path, empty)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST]
+    assert statevar.restore(tmp_path, empty) == ["empty"]
+
+
+# --------------------------------------------------------------------------- not found
+
+
+def test_a_missing_directory_raises_file_not_found_naming_it(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match=r"'.*nowhere' does not exist") as raised:
+        statevar.restore(missing, statevar.Variable(1.0))
+    assert isinstance(raised.value, statevar.CheckpointNotFoundError)
+
+
+def test_an_empty_or_partial_directory_is_not_a_checkpoint(tmp_path):
+    w = statevar.Variable([1.0], name="w")
+    with pytest.raises(statevar.CheckpointNotFoundError, match="holds no complete checkpoint"):
+        statevar.restore(tmp_path, w)
+    statevar.save(tmp_path, w)
+    (tmp_path / MANIFEST).unlink()  # as if the save had been killed before its last step
+    with pytest.raises(statevar.CheckpointNotFoundError, match="holds no complete checkpoint"):
+        statevar.restore(tmp_path, w)
+
+
+def test_restoring_a_manager_directory_points_to_the_manager(tmp_path):
+    w = statevar.Variable([1.0], name="w")
+    statevar.CheckpointManager(tmp_path).save(4, w)
+    with pytest.raises(statevar.CheckpointNotFoundError, match=r"CheckpointManager\(.*\)\.restore"):
+        statevar.restore(tmp_path, w)
+    assert statevar.restore(tmp_path / "4", w) == ["w"]
+
+
+# --------------------------------------------------------------------------- mismatch
+
+
+def test_mismatches_name_every_offending_variable_and_change_nothing(tmp_path):
+    statevar.save(
+        tmp_path,
+        [
+            statevar.Variable([1.0, 2.0], name="shape"),
+            statevar.Variable([1, 2], name="dtype"),
+            statevar.Variable(1.0, name="only_in_checkpoint"),
+            statevar.Variable(1.0, name="fine"),
+        ],
+    )
+    target = [
+        statevar.Variable([0.0, 0.0, 0.0], name="shape"),
+        statevar.Variable([0.0, 0.0], name="dtype"),  # int32 saved: no silent cast
+        statevar.Variable(0.0, name="only_in_target"),
+        statevar.Variable(0.0, name="fine"),
+    ]
+    before = [v.numpy() for v in target]
+
+    with pytest.raises(statevar.CheckpointMismatchError) as raised:
+        statevar.restore(tmp_path, target)
+
+    message = str(raised.value)
+    missing = "missing from the checkpoint (the target has them, the checkpoint does not)"
+    unexpected = "unexpected in the checkpoint (the checkpoint has them, the target does not)"
+    assert f"{missing}: 'only_in_target'" in message
+    assert f"{unexpected}: 'only_in_checkpoint'" in message
+    assert "'shape' (checkpoint float32[2], variable float32[3])" in message
+    assert "'dtype' (checkpoint int32[2], variable float32[2])" in message
+    assert isinstance(raised.value, ValueError)
+    for variable, old in zip(target, before, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), old)
+
+
+@pytest.mark.parametrize("extra", ["target", "checkpoint"])
+def test_a_name_on_one_side_only_raises_and_suggests_partial(tmp_path, extra):
+    a, b = statevar.Variable(1.0, name="a"), statevar.Variable(2.0, name="b")
+    statevar.save(tmp_path, [a, b] if extra == "checkpoint" else [a])
+    target = [statevar.Variable(0.0, name="a"), statevar.Variable(0.0, name="b")]
+    with pytest.raises(statevar.CheckpointMismatchError, match=r"(?s)'b'.*Pass partial=True"):
+        statevar.restore(tmp_path, target if extra == "target" else target[:1])
+    assert [float(v) for v in target] == [0.0, 0.0]
+
+
+def test_partial_restores_only_the_names_both_have(tmp_path):
+    statevar.save(tmp_path, [statevar.Variable(1.0, name="a"), statevar.Variable(2.0, name="old")])
+    a, new = statevar.Variable(0.0, name="a"), statevar.Variable(9.0, name="new")
+
+    assert statevar.restore(tmp_path, [a, new], partial=True) == ["a"]
+
+    assert (float(a), float(new)) == (1.0, 9.0)
+
+
+def test_partial_still_refuses_a_shape_mismatch(tmp_path):
+    statevar.save(tmp_path, [statevar.Variable(1.0, name="a"), statevar.Variable([1.0], name="b")])
+    a, b = statevar.Variable(0.0, name="a"), statevar.Variable([0.0, 0.0], name="b")
+    with pytest.raises(
+        statevar.CheckpointMismatchError,
+        match=r"'b' \(checkpoint float32\[1\], variable float32\[2\]\)",
+    ):
+        statevar.restore(tmp_path, [a, b], partial=True)
+    assert float(a) == 0.0
+
+
+def test_partial_with_no_shared_name_raises(tmp_path):
+    statevar.save(tmp_path, statevar.Variable(1.0, name="a"))
+    with pytest.raises(
+        statevar.CheckpointMismatchError, match=r"(?s)missing .*'b'.*unexpected .*'a'"
+    ):
+        statevar.restore(tmp_path, statevar.Variable(0.0, name="b"), partial=True)
+
+
+# --------------------------------------------------------------------------- corruption
+
+
+def _data_files(checkpoint):
+    return sorted(p for p in checkpoint.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+@pytest.mark.parametrize("damage", ["bit flip", "truncation", "deletion"])
+def test_damage_to_any_data_file_is_detected_before_anything_changes(tmp_path, damage):
+    """Orbax alone restores a bit-flipped chunk as a wrong value, silently."""
+    rng = np.random.default_rng(1)
+    saved = {"big": rng.standard_normal((64, 256)).astype(np.float32), "small": np.arange(5)}
+    statevar.save(tmp_path / "good", [statevar.Variable(v, name=k) for k, v in saved.items()])
+    files = _data_files(tmp_path / "good")
+    assert len(files) > 5
+    for file in files:
+        checkpoint = tmp_path / "damaged"
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        shutil.copytree(tmp_path / "good", checkpoint)
+        damaged = checkpoint / file.relative_to(tmp_path / "good")
+        data = bytearray(damaged.read_bytes())
+        if damage == "bit flip":
+            data[len(data) // 2] ^= 0x04
+            damaged.write_bytes(bytes(data))
+        elif damage == "truncation":
+            damaged.write_bytes(bytes(data[: len(data) // 2]))
+        else:
+            damaged.unlink()
+        target = [statevar.Variable(np.zeros_like(v), name=k) for k, v in saved.items()]
+        relative = damaged.relative_to(next(checkpoint.glob("data-*"))).as_posix()
+        with pytest.raises(
+            statevar.CheckpointCorruptedError,
+            match=rf"'.*damaged' is corrupted: its data files '{relative}' are missing or changed",
+        ):
+            statevar.restore(checkpoint, target)
+        for variable in target:
+            assert not variable.numpy().any()
+
+
+def test_a_read_error_from_orbax_is_reported_as_corruption(tmp_path, monkeypatch):
+    import orbax.checkpoint as ocp
+
+    w = statevar.Variable([1.0], name="w")
+    statevar.save(tmp_path, w)
+
+    def fail(*args, **kwargs):
+        raise ValueError("DATA_LOSS: Error reading chunk\n<a long TensorStore spec>")
+
+    monkeypatch.setattr(ocp.Checkpointer, "restore", fail)
+    with pytest.raises(
+        statevar.CheckpointCorruptedError,
+        match=r"data could not be read \(ValueError: DATA_LOSS: Error reading chunk\); no variable",
+    ):
+        statevar.restore(tmp_path, w)
+
+
+def test_a_checksum_mismatch_names_the_variable_and_changes_nothing(tmp_path):
+    statevar.save(
+        tmp_path, [statevar.Variable([1.0], name="a"), statevar.Variable([2.0], name="b")]
+    )
+
+    def corrupt_b(manifest):
+        manifest["variables"][1]["sha256"] = "0" * 64
+
+    rewrite_manifest(tmp_path, corrupt_b)
+    a, b = statevar.Variable([0.0], name="a"), statevar.Variable([0.0], name="b")
+    with pytest.raises(
+        statevar.CheckpointCorruptedError, match=r"data of 'b' does not match the sha256"
+    ):
+        statevar.restore(tmp_path, [a, b])
+    assert (float(a[0]), float(b[0])) == (0.0, 0.0)
+
+
+def _flip_manifest_bit(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_flip_manifest_bit, "not valid JSON|does not match its own sha256"),
+        (lambda path: path.write_bytes(b'{"format": '), "not valid JSON"),
+        (lambda path: path.write_text("[1, 2]"), "is not a statevar manifest"),
+        (
+            lambda path: path.write_text(path.read_text().replace('"shape": [2]', '"shape": [3]')),
+            "does not match its own sha256",
+        ),
+    ],
+    ids=["bit flip", "truncated", "not a manifest", "edited"],
+)
+def test_a_damaged_manifest_is_detected(tmp_path, damage, message):
+    w = statevar.Variable([1.0, 2.0], name="w")
+    statevar.save(tmp_path, w)
+    damage(tmp_path / MANIFEST)
+    with pytest.raises(statevar.CheckpointCorruptedError, match=message):
+        statevar.restore(tmp_path, w)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda m: m.update(version=2),
+            "version 2; this statevar reads 'statevar.checkpoint' version 1",
+        ),
+        (lambda m: m.update(data="../elsewhere"), "invalid data directory '../elsewhere'"),
+        (lambda m: m.update(data=None), "stored data but no data directory"),
+        (lambda m: m["files"][0].update(path="../../etc/passwd"), "file entries are malformed"),
+        (lambda m: m["variables"][0].update(shape="2"), "entries are malformed"),
+        (lambda m: m["variables"].append(dict(m["variables"][0])), "lists a name or key twice"),
+    ],
+    ids=["newer version", "data outside", "no data", "file outside", "malformed", "duplicate"],
+)
+def test_a_manifest_that_is_consistent_but_invalid_is_refused(tmp_path, edit, message):
+    w = statevar.Variable([1.0, 2.0], name="w")
+    statevar.save(tmp_path, w)
+    rewrite_manifest(tmp_path, edit)
+    with pytest.raises(statevar.CheckpointCorruptedError, match=message):
+        statevar.restore(tmp_path, w)
+
+
+# --------------------------------------------------------------------------- manager
+
+
+def test_manager_keeps_the_last_steps_and_resumes_from_the_latest(tmp_path):
+    model = Model()
+    manager = statevar.CheckpointManager(tmp_path / "run", max_to_keep=3)
+    assert manager.restore(model) is None  # nothing to resume yet
+    assert not (tmp_path / "run").exists()
+    for step in range(1, 6):
+        model.step.assign(step)
+        manager.save(step, model)
+
+    assert manager.all_steps() == [3, 4, 5]
+    assert manager.latest_step() == 5
+    resumed = Model()
+    assert manager.restore(resumed) == 5
+    assert int(resumed.step) == 5
+    assert manager.restore(resumed, step=3) == 3
+    assert int(resumed.step) == 3
+    assert repr(manager) == f"CheckpointManager({str(tmp_path / 'run')!r}, max_to_keep=3)"
+
+
+def test_manager_saves_a_step_below_the_latest_instead_of_skipping_it(tmp_path):
+    w = statevar.Variable(0, name="w")
+    manager = statevar.CheckpointManager(tmp_path, max_to_keep=2)
+    manager.save(10, w)
+    manager.save(20, w)
+    w.assign(5)
+    manager.save(5, w)  # orbax alone would skip this silently
+    assert manager.all_steps() == [5, 20]
+    w.assign(0)
+    manager.restore(w, step=5)
+    assert int(w) == 5
+
+
+def test_manager_never_lists_an_interrupted_or_foreign_step(tmp_path):
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path, max_to_keep=None)
+    manager.save(1, w)
+    manager.save(2, w)
+    (tmp_path / "7").mkdir()  # empty
+    shutil.copytree(tmp_path / "2", tmp_path / "8")
+    (tmp_path / "8" / MANIFEST).unlink()  # killed before its manifest
+    (tmp_path / "9.orbax-checkpoint-tmp").mkdir()  # killed while orbax wrote
+
+    assert manager.all_steps() == [1, 2]
+    assert manager.latest_step() == 2
+    with pytest.raises(
+        FileNotFoundError, match=r"no complete step 8; the steps there are \[1, 2\]"
+    ):
+        manager.restore(w, step=8)
+
+    manager.save(3, w)  # the next save clears what interrupted saves left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]
+
+
+def test_manager_refuses_to_overwrite_a_step(tmp_path):
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path)
+    manager.save(3, w)
+    with pytest.raises(
+        FileExistsError, match="Cannot save step 3 .*: that step already holds a checkpoint"
+    ) as raised:
+        manager.save(3, w)
+    assert isinstance(raised.value, statevar.CheckpointExistsError)
+
+
+@pytest.mark.parametrize(
+    ("step", "error", "message"),
+    [
+        ("3", TypeError, "step to be an int, got str"),
+        (True, TypeError, "got bool"),
+        (-1, ValueError, "non-negative, got -1"),
+    ],
+)
+def test_manager_rejects_a_bad_step(tmp_path, step, error, message):
+    with pytest.raises(error, match=message):
+        statevar.CheckpointManager(tmp_path).save(step, statevar.Variable(1.0))
+
+
+def test_manager_accepts_a_numpy_integer_step(tmp_path):
+    manager = statevar.CheckpointManager(tmp_path)
+    manager.save(np.int64(4), statevar.Variable(1.0))
+    assert manager.all_steps() == [4]
+
+
+@pytest.mark.parametrize("max_to_keep", [0, -2, 1.5, True])
+def test_manager_rejects_a_bad_max_to_keep(tmp_path, max_to_keep):
+    with pytest.raises(ValueError, match=r"max_to_keep to be None or a positive int"):
+        statevar.CheckpointManager(tmp_path, max_to_keep=max_to_keep)
+
+
+def test_checkpointing_is_quiet(tmp_path, caplog):
+    """No warnings (the suite turns them into errors) and no log records at WARNING or above,
+    even with debris from interrupted saves around."""
+    caplog.set_level(logging.WARNING)
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path / "run", max_to_keep=1)
+    manager.save(1, w)
+    (tmp_path / "run" / "5").mkdir()
+    manager.save(2, w)
+    manager.restore(w)
+    statevar.save(tmp_path / "plain", w)
+    statevar.restore(tmp_path / "plain", w)
+    assert caplog.records == []
+
+
+# --------------------------------------------------------------------------- atomicity
+
+
+@pytest.mark.parametrize("where", ["manifest", "rename"])
+def test_a_save_that_dies_before_its_manifest_leaves_the_previous_checkpoint(
+    tmp_path, monkeypatch, where
+):
+    """Deterministic: the save dies after orbax has finalized the data, at the last step."""
+    w = statevar.Variable([1.0], name="w")
+    statevar.save(tmp_path / "plain", w)
+    manager = statevar.CheckpointManager(tmp_path / "run")
+    manager.save(1, w)
+    w.assign([2.0])
+
+    def die(*args, **kwargs):
+        raise KeyboardInterrupt("killed")
+
+    if where == "manifest":
+        monkeypatch.setattr(_checkpoint, "_write_manifest", die)
+    else:
+        monkeypatch.setattr(os, "replace", die)
+    for save in (lambda: statevar.save(tmp_path / "plain", w), lambda: manager.save(2, w)):
+        with pytest.raises(KeyboardInterrupt):
+            save()
+    monkeypatch.undo()
+
+    assert manager.all_steps() == [1]
+    for restore in (lambda: statevar.restore(tmp_path / "plain", w), lambda: manager.restore(w)):
+        w.assign([0.0])
+        restore()
+        np.testing.assert_array_equal(w.numpy(), [1.0])
+
+
+def test_a_manager_killed_while_deleting_an_old_step_never_lists_it(tmp_path, monkeypatch):
+    import orbax.checkpoint as ocp
+
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path, max_to_keep=1)
+    manager.save(1, w)
+
+    def die(self, step):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "delete", die)
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(2, w)
+    monkeypatch.undo()
+
+    assert (tmp_path / "1").exists() and manager.all_steps() == [2]
+    manager.save(3, w)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3"]
+
+
+_CHILD = """
+import sys
+import numpy as np
+import statevar
+
+directory, mode, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+base = np.random.default_rng(0).random(size, dtype=np.float32)
+big = statevar.Variable(base, name="big")
+count = statevar.Variable(0, name="count")
+manager = statevar.CheckpointManager(directory, max_to_keep=2) if mode == "manager" else None
+for k in range(1000):
+    if k:
+        big.assign(base + np.float32(k))
+        count.assign(k)
+    print("saving", k, flush=True)
+    if manager is None:
+        statevar.save(directory, [big, count])
+    else:
+        manager.save(k, [big, count])
+    print("saved", k, flush=True)
+    if k == 0:
+        sys.stdin.readline()  # wait for the parent's go
+"""
+
+_SIZE = 16 * 1024 * 1024  # float32s: 64 MiB
+# Seconds from the start of the second save to the kill. A save of 64 MiB takes 0.2 s or
+# more (hashing, then orbax writing, then the manifest), so these land in its middle.
+_KILL_DELAYS = [0.05, 0.12, 0.2]
+
+
+def test_a_save_killed_at_any_moment_leaves_the_previous_checkpoint_exact(tmp_path):
+    """Real processes, killed with SIGKILL in the middle of saving 64 MiB."""
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    runs = [(mode, delay) for mode in ("plain", "manager") for delay in _KILL_DELAYS]
+    children = {
+        run: subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"{run[0]}-{run[1]}"), run[0], str(_SIZE)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        )
+        for run in runs
+    }
+    for child in children.values():  # start-up runs in parallel; each waits after one save
+        lines = [child.stdout.readline(), child.stdout.readline()]
+        assert lines == ["saving 0\n", "saved 0\n"], child.communicate()[1]
+    printed = {}
+    for run, child in children.items():  # one at a time, so that timings hold
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "saving 1\n"
+        time.sleep(run[1])
+        child.send_signal(signal.SIGKILL)
+        printed[run] = ["saved 0", *child.communicate()[0].splitlines()]
+        assert child.returncode == -signal.SIGKILL
+
+    base = np.random.default_rng(0).random(_SIZE, dtype=np.float32)
+    big = statevar.Variable(np.zeros(_SIZE, np.float32), name="big")
+    count = statevar.Variable(-1, name="count")
+    interrupted = set()
+    for mode, delay in runs:
+        done = max(
+            int(line.split()[1]) for line in printed[mode, delay] if line.startswith("saved")
+        )
+        directory = tmp_path / f"{mode}-{delay}"
+        if mode == "plain":
+            checkpoints = [directory]
+            data = json.loads((directory / MANIFEST).read_text())["data"]
+            debris = any(p.name not in (MANIFEST, data) for p in directory.iterdir())
+        else:
+            manager = statevar.CheckpointManager(directory, max_to_keep=2)
+            steps = manager.all_steps()
+            assert steps[-1] in (done, done + 1) and len(steps) <= 3, (steps, done)
+            checkpoints = [directory / str(step) for step in steps]
+            debris = any(p.name not in map(str, steps) for p in directory.iterdir())
+        for checkpoint in checkpoints:
+            statevar.restore(checkpoint, [big, count])
+            if mode == "plain":
+                assert int(count) in (done, done + 1), (delay, int(count), done)
+            np.testing.assert_array_equal(big.numpy(), base + np.float32(int(count)))
+        if debris and mode not in interrupted:
+            # A later save, by another process, clears what the killed one left behind.
+            if mode == "plain":
+                statevar.save(directory, [big, count])
+                assert len(list(directory.iterdir())) == 2
+            else:
+                manager.save(10**6, [big, count])
+                assert all((p / MANIFEST).exists() for p in directory.iterdir())
+            interrupted.add(mode)
+    assert interrupted == {"plain", "manager"}, f"no kill landed while orbax wrote: {interrupted}"
