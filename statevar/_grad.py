@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _trace
-from ._module import _is_variable, variable_tree
+from ._module import Module, _is_variable, variable_tree
 from ._variable import Variable
 
 
@@ -50,7 +50,8 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        leaves, treedef = jax.tree.flatten(variable_tree(wrt, "statevar.grad's wrt"), is_leaf=_is_variable)
+        tree = variable_tree(wrt, "statevar.grad's wrt")
+        leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_variable)
         lifted = list(dict.fromkeys(v for v in leaves if _is_differentiable(v)))
 
         def pure(primals: list[jax.Array]) -> Any:
@@ -59,7 +60,11 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
 
         value, gradients = jax.value_and_grad(pure, has_aux=has_aux)([v._read() for v in lifted])
         by_variable = dict(zip(lifted, gradients, strict=True))
-        return value, treedef.unflatten([by_variable.get(v) for v in leaves])
+        grads = treedef.unflatten([by_variable.get(v) for v in leaves])
+        if isinstance(wrt, Module):
+            # Keep the module's order (JAX rebuilds dicts with sorted keys).
+            grads = {name: grads[name] for name in tree}
+        return value, grads
 
     return wrapped
 

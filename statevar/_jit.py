@@ -11,9 +11,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _trace, _update
+from . import _trace, _update, _variable
+from ._errors import TraceContextError
 from ._module import Module
 from ._variable import Variable
+
+_Tracer = jax.core.Tracer
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
@@ -50,14 +53,15 @@ jax.tree_util.register_pytree_node(
 class _Entry:
     """One compiled form of the function: the variables it lifts and its `jax.jit`."""
 
-    __slots__ = ("lifted", "jitted", "unlifted", "pinned")
+    __slots__ = ("lifted", "jitted", "unlifted", "treedef", "fixed", "arg_variables")
 
-    def __init__(self, lifted: tuple[Variable, ...], jitted: Callable, pinned: tuple):
+    def __init__(self, lifted: tuple[Variable, ...], jitted: Callable, treedef: Any, fixed: list, arg_variables: list):
         self.lifted = lifted
         self.jitted = jitted
         self.unlifted: tuple[Variable, ...] = ()
-        # Keeps the objects whose ids make up this entry's key alive, so ids are not reused.
-        self.pinned = pinned
+        # How the call's arguments were split; ``fixed`` also keeps the objects whose ids
+        # make up this entry's key alive, so the ids are not reused.
+        self.treedef, self.fixed, self.arg_variables = treedef, fixed, arg_variables
 
 
 class JitFunction:
@@ -81,14 +85,22 @@ class JitFunction:
         self._jit_kwargs = jit_kwargs
         self._entries: dict[Any, _Entry] = {}
         self._static_positions_cache: dict[Any, frozenset[int]] = {}
+        self._has_static = bool(self._static_argnums or self._static_argnames)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
+        if not kwargs and not self._has_static and all(isinstance(a, jax.Array) for a in args):
+            # Fast path for the common step(x, y): only arrays, so the key needs no flatten.
+            key = (len(args), _variable.trainable_epoch[0])
+            entry = self._entries.get(key)
+            if entry is not None:
+                return self._run(key, entry, list(args))
         leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=_is_state)
-        key_parts = [treedef]
+        # Gradients depend on which variables are trainable: a flag change retraces.
+        key_parts = [treedef, _variable.trainable_epoch[0]]
         dynamic, arg_variables, fixed = [], [], []
         for position, leaf in enumerate(leaves):
             if isinstance(leaf, _ARRAY_TYPES) and not self._is_static(treedef, position):
@@ -100,22 +112,34 @@ class JitFunction:
                     arg_variables.extend(leaf.variables)
                 fixed.append((position, leaf))
                 key_parts.append((position, _key_of(leaf)))
-        key = tuple(key_parts)
+        if not fixed and not kwargs and all(isinstance(a, _ARRAY_TYPES) for a in args):
+            key = (len(args), _variable.trainable_epoch[0])
+        else:
+            key = tuple(key_parts)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = self._compile(treedef, fixed, arg_variables, ())
+        return self._run(key, entry, dynamic)
+
+    def _run(self, key: Any, entry: _Entry, dynamic: list[Any]) -> Any:
         arrays = _update.exclusive_or_copies([v._value for v in entry.lifted])
         result, new = entry.jitted(arrays, dynamic)
+        if new.values and isinstance(new.values[0], _Tracer):
+            raise TraceContextError(
+                f"Cannot call the statevar.jit function {self.__name__!r} inside jax.jit, "
+                "jax.grad or another JAX transformation: the variables it assigns would keep "
+                "tracers. Call it outside, or use statevar.jit and statevar.grad throughout."
+            )
         for variable, value in zip(new.owners.variables, new.values, strict=True):
             variable._value = value
         if entry.unlifted:
             # The trace read variables it could not see beforehand (their current values
             # were used); lift them from the next call on.
-            self._entries[key] = self._compile(treedef, fixed, arg_variables, entry.unlifted)
+            self._entries[key] = self._compile(entry.treedef, entry.fixed, entry.arg_variables, entry.unlifted)
         return result
 
     def _is_static(self, treedef: Any, position: int) -> bool:
-        if not (self._static_argnums or self._static_argnames):
+        if not self._has_static:
             return False
         positions = self._static_positions_cache.get(treedef)
         if positions is None:
@@ -158,7 +182,7 @@ class JitFunction:
             owners = (*lifted, *(v for v in frame.written if v not in lifted_set))
             return result, _NewValues(_Identity(owners), [frame.values[v] for v in owners])
 
-        entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), tuple(leaf for _, leaf in fixed))
+        entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), treedef, fixed, arg_variables)
         return entry
 
 

@@ -107,8 +107,14 @@ class Optimizer:
         by_variable: dict[Variable, Any] = {}
         params = set(self._params)
         for variable, gradient in zip(self._leaves, leaves, strict=True):
-            if gradient is None or variable not in params:
+            if gradient is None:
                 continue
+            if variable not in params:
+                raise ValueError(
+                    f"Got a gradient for Variable '{variable.name}', which this optimizer does "
+                    "not update: it was not trainable (or not floating-point) when the "
+                    "Optimizer was created. Create the Optimizer after setting trainable=True."
+                )
             if not hasattr(gradient, "shape"):
                 raise TypeError(
                     f"Expected an array gradient for Variable '{variable.name}', got "

@@ -92,17 +92,17 @@ def _calibrate_single() -> int:
     return sys.getrefcount(probe._value)
 
 
-def _calibrate_list() -> int:
+def _calibrate_list() -> tuple[int, int]:
     probe = _Probe()
     probe._value = object()
     arrays = [probe._value]
-    return [sys.getrefcount(a) for a in arrays][0]
+    return max(map(sys.getrefcount, arrays)), [sys.getrefcount(a) for a in arrays][0]
 
 
 # Reference count of an array held only by a variable's ``_value`` attribute, as seen by
 # ``sys.getrefcount(var._value)``; and as seen inside `exclusive_or_copies` below.
 SOLE_HOLDER = _calibrate_single()
-_SOLE_HOLDER_IN_LIST = _calibrate_list()
+_SOLE_HOLDER_IN_MAP, _SOLE_HOLDER_IN_LOOP = _calibrate_list()
 
 
 def exclusive_or_copies(arrays: list[jax.Array]) -> list[jax.Array]:
@@ -111,7 +111,9 @@ def exclusive_or_copies(arrays: list[jax.Array]) -> list[jax.Array]:
     ``arrays`` must hold each variable's ``_value`` and nothing more, so that the result can
     be donated: the copies are donated in place of the shared arrays, which stay valid.
     """
-    return [a if sys.getrefcount(a) <= _SOLE_HOLDER_IN_LIST else copy_array(a) for a in arrays]
+    if max(map(sys.getrefcount, arrays), default=0) <= _SOLE_HOLDER_IN_MAP:
+        return arrays
+    return [a if sys.getrefcount(a) <= _SOLE_HOLDER_IN_LOOP else copy_array(a) for a in arrays]
 
 
 def split_index(index: Any) -> tuple[tuple, tuple]:

@@ -47,6 +47,10 @@ def _integer_range(dtype: np.dtype) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
+# Counts changes of any variable's trainable flag; `statevar.jit` keys its traces on it.
+trainable_epoch = [0]
+
+
 def _is_concrete_array(x: Any) -> bool:
     return isinstance(x, jax.Array) and not isinstance(x, _Tracer)
 
@@ -153,7 +157,9 @@ class Variable:
 
     @trainable.setter
     def trainable(self, enabled: bool) -> None:
-        self._trainable = bool(enabled)
+        if bool(enabled) != self._trainable:
+            self._trainable = bool(enabled)
+            trainable_epoch[0] += 1
 
     @property
     def value(self) -> jax.Array:

@@ -145,3 +145,9 @@ def test_plain_jax_grad_assigning_a_variable_is_a_clear_error():
     with pytest.raises(statevar.TraceContextError, match="Cannot assign to Variable 'w' inside jax.jit, jax.grad"):
         jax.grad(loss)(2.0)
     assert float(w) == 1.0
+
+
+def test_module_gradients_keep_the_module_order():
+    model = Linear()
+    grads = statevar.grad(lambda: jnp.sum(model(X)), model)()
+    assert list(grads) == list(model.named_variables()) == ["kernel", "bias", "calls"]

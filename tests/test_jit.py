@@ -266,3 +266,41 @@ def test_plain_jax_jit_on_a_variable_argument_is_read_only():
         bad(v)
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
     chex.assert_trees_all_close(jax.jit(lambda var: var * 2)(v), jnp.array([2.0, 4.0]))
+
+
+def test_an_array_and_a_one_element_tuple_are_different_calls():
+    @statevar.jit
+    def first(x):
+        return x[0] if isinstance(x, tuple) else x * 10
+
+    assert float(first(jnp.float32(1.0))) == 10.0
+    assert float(first((jnp.float32(1.0),))) == 1.0
+    assert float(first(jnp.float32(2.0))) == 20.0
+
+
+def test_changing_trainable_takes_effect_in_compiled_gradients():
+    w = statevar.Variable(1.0, name="w")
+    b = statevar.Variable(1.0, name="b")
+
+    @statevar.jit
+    def gradients():
+        return statevar.grad(lambda: w * w + b, [w, b])()
+
+    assert [float(g) for g in gradients()] == [2.0, 1.0]
+    b.trainable = False
+    dw, db = gradients()
+    assert (float(dw), db) == (2.0, None)
+    b.trainable = True
+    assert [float(g) for g in gradients()] == [2.0, 1.0]
+
+
+def test_calling_a_statevar_jit_function_inside_jax_jit_is_a_clear_error():
+    v = statevar.Variable(0.0, name="v")
+
+    @statevar.jit
+    def bump(x):
+        v.assign_add(x)
+
+    with pytest.raises(statevar.TraceContextError, match="Cannot call the statevar.jit function 'bump' inside jax.jit"):
+        jax.jit(bump)(1.0)
+    assert float(v) == 0.0 and not isinstance(v._value, jax.core.Tracer)

@@ -102,3 +102,14 @@ def test_tx_must_be_an_optax_transformation():
 def test_variables_must_be_variables():
     with pytest.raises(TypeError, match="Expected the Optimizer's variables to be a Variable, a Module"):
         statevar.Optimizer(optax.sgd(0.1), [jnp.ones(2)])
+
+
+def test_a_gradient_for_a_variable_unfrozen_after_creation_is_refused():
+    w = statevar.Variable(1.0, name="w")
+    frozen = statevar.Variable(1.0, trainable=False, name="frozen")
+    opt = statevar.Optimizer(optax.sgd(0.1), [w, frozen])
+    frozen.trainable = True
+    grads = statevar.grad(lambda: w * frozen, [w, frozen])()
+    with pytest.raises(ValueError, match="Got a gradient for Variable 'frozen', which this optimizer does not update"):
+        opt.apply(grads)
+    assert (float(w), float(frozen)) == (1.0, 1.0)
