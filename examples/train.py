@@ -6,16 +6,27 @@ computes the loss and gradients with `statevar.value_and_grad`, applies Adam thr
 donated buffers. The step counter also picks the mini-batch, so the run is deterministic:
 the same seed and step give the same batch. Runs in a few seconds on CPU:
 
-    python examples/train.py [--steps 2000]
+    python examples/train.py [--steps 2000] [--save-every 500] [--checkpoint-dir checkpoints]
+
+A `statevar.CheckpointManager` saves the model, the step counter and the optimizer's state
+every ``--save-every`` steps and at the last step. ``--resume`` restores the latest
+checkpoint and trains on from its step to ``--steps``, exactly as an uninterrupted run
+would; without it, a run starts fresh and first deletes the checkpoints an earlier run left
+in ``--checkpoint-dir``:
+
+    python examples/train.py --steps 1000             # stops early, as a preempted job would
+    python examples/train.py --steps 2000 --resume    # carries on from step 1000
 
 Prints the loss on the whole data set before and after training and fails (exit status 1)
-unless the final loss is at most ``--max-loss-ratio`` times the first.
+unless the final loss is at most ``--max-loss-ratio`` times the loss of the untrained model.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -59,11 +70,14 @@ class MLP(statevar.Module):
         return self.layers[-1](x)
 
 
-class Losses(NamedTuple):
-    """The loss on the whole data set before and after training."""
+class Run(NamedTuple):
+    """What `main` did: the losses on the whole data set and the state it ended with."""
 
-    first: float
-    final: float
+    first: float  # the loss of the untrained model, at step 0
+    final: float  # the loss after training
+    resumed_from: int | None  # the step restored with --resume; None for a fresh start
+    step: int  # the step counter at the end
+    model: MLP
 
 
 @functools.partial(jax.jit, static_argnums=1)  # one compiled call instead of one per operation
@@ -113,13 +127,16 @@ def train(
     x: jax.Array,
     y: jax.Array,
     num_steps: int,
+    save: Callable[[int], None],
+    save_every: int,
     log_every: int = 50,
 ) -> None:
     """Runs ``train_step`` until ``step`` reaches ``num_steps``, showing a progress bar.
 
     Starts from the current value of ``step``, so a run restored at step ``n`` carries on
-    from there. The loss shown is read back only every ``log_every`` steps, so that the
-    host does not wait for the device after each step.
+    from there. Calls ``save(current_step)`` every ``save_every`` steps and after the last
+    step. The loss shown is read back only every ``log_every`` steps, so that the host does
+    not wait for the device after each step.
     """
     start = int(step.value)
     columns = (
@@ -136,17 +153,37 @@ def train(
             loss = train_step(x, y)
             if current % log_every == 0 or current == num_steps:
                 progress.update(task, completed=current, loss=f"{float(loss):.5f}")
+            if current % save_every == 0 or current == num_steps:
+                save(current)
 
 
-def main(argv: Sequence[str] | None = None) -> Losses:
-    """Builds the data, model and optimizer, trains, and checks that the loss fell.
+def start_fresh(manager: statevar.CheckpointManager, shown: str) -> None:
+    """Deletes the checkpoints an earlier run left, so that they never mix with this run's.
+
+    Only complete steps are deleted: directories holding a statevar manifest, which
+    statevar wrote. The manager itself clears step directories that a killed save left.
+    """
+    steps = manager.all_steps()
+    if not steps:
+        return
+    for old in steps:
+        shutil.rmtree(manager.directory / str(old))
+    print(
+        f"starting fresh: deleted the checkpoints of steps {steps} in {shown!r} "
+        f"(pass --resume to continue from step {steps[-1]} instead)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> Run:
+    """Builds the data, model and optimizer, trains with checkpoints, and checks the loss fell.
 
     Returns:
-      The loss on the whole data set before and after training.
+      The losses before and after training, the step restored from and reached, and the
+      trained model.
 
     Raises:
       SystemExit: with status 1 if the final loss is above ``--max-loss-ratio`` times the
-        first.
+        first, and with status 2 if an argument is invalid.
     """
     parser = argparse.ArgumentParser(description="Train a small MLP with statevar.")
     parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
@@ -159,9 +196,29 @@ def main(argv: Sequence[str] | None = None) -> Losses:
         default=0.01,
         help="fail unless final loss <= this times the first loss (default 0.01)",
     )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default="checkpoints",
+        help="where checkpoints go, relative to the current directory (default checkpoints)",
+    )
+    parser.add_argument(
+        "--save-every",
+        type=int,
+        default=500,
+        help="save a checkpoint every this many steps, and at the last (default 500)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in --checkpoint-dir instead of starting fresh",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.batch_size <= NUM_EXAMPLES:
         parser.error(f"--batch-size must be between 1 and {NUM_EXAMPLES}, got {args.batch_size}")
+    if args.save_every < 1:
+        parser.error(f"--save-every must be a positive number of steps, got {args.save_every}")
+    if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+        parser.error(f"--checkpoint-dir {args.checkpoint_dir!r} exists and is not a directory")
 
     data_key, model_key = jax.random.split(jax.random.key(args.seed))
     x, y = make_dataset(data_key)
@@ -171,9 +228,33 @@ def main(argv: Sequence[str] | None = None) -> Losses:
     train_step = make_train_step(model, optimizer, step, args.batch_size)
     evaluate = statevar.jit(lambda x, y: mean_squared_error(model, x, y))
 
+    # The step counter and the optimizer's state (variables named optimizer/0, optimizer/1,
+    # ...) are saved with the model, so that a resumed run continues exactly where it stopped.
+    state = [model, step, optimizer.state_variables]
+    manager = statevar.CheckpointManager(args.checkpoint_dir)
+
+    # The untrained model's loss, the yardstick of the convergence check, is the same for a
+    # resumed run: the seed fixes the initial weights.
     first = float(evaluate(x, y))
     print(f"first loss: {first:.6f} (step {int(step.value)})")
-    train(train_step, step, x, y, args.steps)
+    resumed_from = None
+    if args.resume:
+        resumed_from = manager.restore(state)
+        if resumed_from is None:
+            print(f"no checkpoint in {args.checkpoint_dir!r} to resume from: starting at step 0")
+        else:
+            loss = float(evaluate(x, y))
+            print(f"resumed from step {resumed_from} in {args.checkpoint_dir!r} (loss {loss:.6f})")
+    else:
+        start_fresh(manager, args.checkpoint_dir)
+    if int(step.value) >= args.steps:
+        print(f"nothing to train: step {int(step.value)} already reaches --steps {args.steps}")
+
+    def save(current: int) -> None:
+        manager.save(current, state)
+        print(f"saved step {current} to {args.checkpoint_dir!r}")
+
+    train(train_step, step, x, y, args.steps, save, args.save_every)
     final = float(evaluate(x, y))
     print(f"final loss: {final:.6f} (step {int(step.value)}), {final / first:.2%} of the first")
     if not final <= args.max_loss_ratio * first:
@@ -183,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> Losses:
             file=sys.stderr,
         )
         raise SystemExit(1)
-    return Losses(first, final)
+    return Run(first, final, resumed_from, int(step.value), model)
 
 
 if __name__ == "__main__":

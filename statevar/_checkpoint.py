@@ -2,8 +2,9 @@
 
 orbax-checkpoint stores the arrays (``directory/data-<hex>/`` for `save`,
 ``directory/<step>/state/`` for `CheckpointManager`). Beside them statevar writes
-``statevar_checkpoint.json``: each variable's name, shape, dtype and sha256, and each data
-file's size and sha256, sealed by a sha256 of its own. Nothing on disk is a pickle.
+``statevar_checkpoint.json`` (see `statevar._manifest`): each variable's name, shape, dtype
+and sha256, and each data file's size and sha256, sealed by a sha256 of its own. Nothing on
+disk is a pickle.
 
 A directory is a checkpoint only once its manifest exists. orbax writes into a temporary
 directory and renames it when done; then the data is flushed to disk and the manifest is
@@ -15,8 +16,6 @@ names to one storage key (``"a"`` and ``"a/"``); the manifest maps names to keys
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pathlib
 import re
@@ -34,17 +33,21 @@ from ._errors import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
 )
+from ._manifest import (
+    MANIFEST,
+    STEP_ITEM,
+    array_sha256,
+    read_manifest,
+    verify_data_files,
+    verify_values,
+    write_manifest,
+)
 from ._module import Module
 from ._variable import Variable
 
 if TYPE_CHECKING:
     import orbax.checkpoint as ocp
 
-MANIFEST = "statevar_checkpoint.json"
-_FORMAT = "statevar.checkpoint"
-_VERSION = 1
-_STEP_ITEM = "state"
-_DATA_NAME = re.compile(r"^data-[0-9a-f]{32}$")
 # What a save into a plain directory may leave behind when it is killed: unreferenced data
 # directories, orbax's temporary directories for them, and temporary manifests.
 _DEBRIS = re.compile(
@@ -108,157 +111,6 @@ def _describe(shape: Any, dtype: Any) -> str:
     return f"{dtype}[{','.join(str(d) for d in shape)}]"
 
 
-def _sha256(array: Any) -> str:
-    host = np.ascontiguousarray(np.asarray(array))
-    return hashlib.sha256(host.reshape(-1).view(np.uint8)).hexdigest()
-
-
-# --------------------------------------------------------------------------- files
-
-
-def _fsync(path: pathlib.Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _fsync_tree(path: pathlib.Path) -> None:
-    """Flushes every file and directory under ``path`` to disk, so that a manifest written
-    afterwards never points at data still in the page cache."""
-    for root, _, files in os.walk(path):
-        for name in files:
-            _fsync(pathlib.Path(root, name))
-        _fsync(pathlib.Path(root))
-
-
-def _file_sha256(path: pathlib.Path) -> str:
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
-
-
-def _describe_files(data: pathlib.Path) -> list[dict[str, Any]]:
-    """Lists every file orbax wrote under ``data`` with its size and sha256."""
-    files = sorted(path for path in data.rglob("*") if path.is_file())
-    return [
-        dict(path=p.relative_to(data).as_posix(), size=p.stat().st_size, sha256=_file_sha256(p))
-        for p in files
-    ]
-
-
-def _changed_files(data: pathlib.Path, files: list[dict[str, Any]]) -> list[str]:
-    """Returns the listed files that are missing or differ from their size and sha256."""
-    return [
-        file["path"]
-        for file in files
-        if not (data / file["path"]).is_file()
-        or (data / file["path"]).stat().st_size != file["size"]
-        or _file_sha256(data / file["path"]) != file["sha256"]
-    ]
-
-
-def _manifest_digest(body: dict[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
-
-
-def _write_manifest(
-    checkpoint: pathlib.Path, data: str | None, entries: list[dict[str, Any]]
-) -> None:
-    """Flushes the data to disk, then writes the manifest last, atomically: a temporary file,
-    flushed, then renamed over the old one."""
-    files = []
-    if data is not None:
-        _fsync_tree(checkpoint / data)
-        files = _describe_files(checkpoint / data)
-    body = dict(format=_FORMAT, version=_VERSION, data=data, variables=entries, files=files)
-    # One variable or file per line, so that the manifest reads well.
-    head = json.dumps(dict(format=_FORMAT, version=_VERSION, data=data))[:-1]
-    variables, files_text = (
-        ",\n".join(f"  {json.dumps(x)}" for x in xs) for xs in (entries, files)
-    )
-    text = (
-        f'{head},\n "variables": [\n{variables}\n ],\n "files": [\n{files_text}\n ],\n'
-        f' "sha256": "{_manifest_digest(body)}"}}\n'
-    )
-    temporary = checkpoint / f"{MANIFEST}.tmp-{uuid.uuid4().hex}"
-    with open(temporary, "w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, checkpoint / MANIFEST)
-    _fsync(checkpoint)
-
-
-def _all_typed(items: Any, fields: dict[str, Any]) -> bool:
-    return isinstance(items, list) and all(
-        isinstance(item, dict) and all(isinstance(item.get(f), t) for f, t in fields.items())
-        for item in items
-    )
-
-
-def _manifest_problem(manifest: Any) -> str | None:
-    """Returns what is wrong with a parsed manifest, or None."""
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("sha256"), str):
-        return "its manifest is not a statevar manifest"
-    body = {key: value for key, value in manifest.items() if key != "sha256"}
-    if _manifest_digest(body) != manifest["sha256"]:
-        return "its manifest does not match its own sha256 checksum"
-    if body.get("format") != _FORMAT or body.get("version") != _VERSION:
-        return (
-            f"its manifest has format {body.get('format')!r} version {body.get('version')!r}; "
-            f"this statevar reads {_FORMAT!r} version {_VERSION}"
-        )
-    data, entries, files = body.get("data"), body.get("variables"), body.get("files")
-    if data is not None and not (data == _STEP_ITEM or _DATA_NAME.match(str(data))):
-        return f"its manifest names an invalid data directory {data!r}"
-    fields = dict(name=str, key=(str, type(None)), shape=list, dtype=str, sha256=str)
-    if not _all_typed(entries, fields) or not all(
-        isinstance(d, int) and d >= 0 for entry in entries for d in entry["shape"]
-    ):
-        return "its manifest's variable entries are malformed"
-    if not _all_typed(files, dict(path=str, size=int, sha256=str)) or any(
-        ".." in file["path"].split("/") or file["path"].startswith("/") for file in files
-    ):
-        return "its manifest's file entries are malformed"
-    names = [entry["name"] for entry in entries]
-    keys = [entry["key"] for entry in entries if entry["key"] is not None]
-    if len(set(names)) != len(names) or len(set(keys)) != len(keys):
-        return "its manifest lists a name or key twice"
-    if (keys or files) and data is None:
-        return "its manifest lists stored data but no data directory"
-    return None
-
-
-def _read_manifest(checkpoint: pathlib.Path, shown: str) -> dict[str, Any]:
-    path = checkpoint / MANIFEST
-    if not path.is_file():
-        steps = _complete_steps(checkpoint)
-        if not checkpoint.is_dir():
-            reason = "does not exist"
-        elif steps:
-            reason = (
-                "holds CheckpointManager steps, not a checkpoint; use "
-                f"statevar.CheckpointManager({shown!r}).restore(target), or restore one step "
-                f"directory such as {os.path.join(shown, str(steps[-1]))!r}"
-            )
-        else:
-            reason = (
-                f"holds no complete checkpoint (no {MANIFEST}): it is empty, holds something "
-                "else, or a save into it stopped before it finished"
-            )
-        raise CheckpointNotFoundError(f"Checkpoint directory {shown!r} {reason}")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        problem = _manifest_problem(manifest)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        problem = f"its manifest is not valid JSON ({error})"
-    if problem is not None:
-        raise CheckpointCorruptedError(f"Checkpoint {shown!r} is corrupted: {problem}")
-    return manifest
-
-
 # --------------------------------------------------------------------------- save
 
 
@@ -272,8 +124,8 @@ def _snapshot(variables: dict[str, Variable]) -> tuple[list[dict[str, Any]], dic
         key = None if value.size == 0 else str(len(arrays))
         if key is not None:
             arrays[key] = value
-        shape, dtype = list(value.shape), str(value.dtype)
-        entries.append(dict(name=name, key=key, shape=shape, dtype=dtype, sha256=_sha256(value)))
+        shape, dtype, sha256 = list(value.shape), str(value.dtype), array_sha256(value)
+        entries.append(dict(name=name, key=key, shape=shape, dtype=dtype, sha256=sha256))
     return entries, arrays
 
 
@@ -326,7 +178,7 @@ def save(directory: PathLike, target: Any) -> None:
     if arrays:
         data = f"data-{uuid.uuid4().hex}"
         _write_data(checkpoint / data, arrays)
-    _write_manifest(checkpoint, data, entries)
+    write_manifest(checkpoint, data, entries)
     for entry in checkpoint.iterdir():
         if entry.name != data and _DEBRIS.match(entry.name):
             if entry.is_dir():
@@ -350,13 +202,7 @@ def _read_values(
     if stored:
         # Checking the files first keeps damaged bytes away from orbax, which reports them
         # as a generic Exception and leaves its pending reads to fail at garbage collection.
-        changed = _changed_files(checkpoint / manifest["data"], manifest["files"])
-        if changed:
-            raise CheckpointCorruptedError(
-                f"Checkpoint {shown!r} is corrupted: its data files "
-                f"{', '.join(repr(path) for path in changed)} are missing or changed since the "
-                "save; no variable was changed"
-            )
+        verify_data_files(checkpoint, manifest, shown)
         ocp = _orbax()
         item, restore_args = {}, {}
         for name, entry in stored.items():
@@ -388,20 +234,29 @@ def _read_values(
             values[name] = jax.device_put(
                 jnp.zeros(entry["shape"], entry["dtype"]), variables[name].sharding
             )
-    damaged = [
-        name
-        for name, entry in wanted.items()
-        if values[name].shape != tuple(entry["shape"])
-        or str(values[name].dtype) != entry["dtype"]
-        or _sha256(values[name]) != entry["sha256"]
-    ]
-    if damaged:
-        raise CheckpointCorruptedError(
-            f"Checkpoint {shown!r} is corrupted: the stored data of "
-            f"{', '.join(repr(name) for name in damaged)} does not match the sha256 checksum "
-            "in its manifest; no variable was changed"
-        )
+    verify_values(values, wanted, shown)
     return values
+
+
+def _read_manifest(checkpoint: pathlib.Path, shown: str) -> dict[str, Any]:
+    """Reads and checks the manifest of ``checkpoint``, explaining why when there is none."""
+    if not (checkpoint / MANIFEST).is_file():
+        steps = _complete_steps(checkpoint)
+        if not checkpoint.is_dir():
+            reason = "does not exist"
+        elif steps:
+            reason = (
+                "holds CheckpointManager steps, not a checkpoint; use "
+                f"statevar.CheckpointManager({shown!r}).restore(target), or restore one step "
+                f"directory such as {os.path.join(shown, str(steps[-1]))!r}"
+            )
+        else:
+            reason = (
+                f"holds no complete checkpoint (no {MANIFEST}): it is empty, holds something "
+                "else, or a save into it stopped before it finished"
+            )
+        raise CheckpointNotFoundError(f"Checkpoint directory {shown!r} {reason}")
+    return read_manifest(checkpoint, shown)
 
 
 def _restore(checkpoint: pathlib.Path, target: Any, partial: bool, shown: str) -> list[str]:
@@ -567,7 +422,7 @@ class CheckpointManager:
             enable_async_checkpointing=False,
             lightweight_initialize=True,
         )
-        return ocp.CheckpointManager(self._directory, options=options, item_names=(_STEP_ITEM,))
+        return ocp.CheckpointManager(self._directory, options=options, item_names=(STEP_ITEM,))
 
     def save(self, step: int, target: Any) -> None:
         """Saves the target's variables as ``step``, then deletes steps beyond `max_to_keep`.
@@ -604,11 +459,11 @@ class CheckpointManager:
         try:
             manager.save(
                 step,
-                args=ocp.args.Composite(**{_STEP_ITEM: ocp.args.StandardSave(arrays)}),
+                args=ocp.args.Composite(**{STEP_ITEM: ocp.args.StandardSave(arrays)}),
                 force=True,  # orbax would otherwise skip, silently, a step below its latest
             )
             step_directory = self._directory / str(step)
-            _write_manifest(step_directory, _STEP_ITEM if arrays else None, entries)
+            write_manifest(step_directory, STEP_ITEM if arrays else None, entries)
             if self._max_to_keep is not None:
                 older = [s for s in self.all_steps() if s != step]
                 for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import statevar
-from statevar import _checkpoint
+from statevar import _checkpoint, _manifest
 
 MANIFEST = "statevar_checkpoint.json"
 
@@ -62,7 +62,7 @@ def rewrite_manifest(directory, edit):
     manifest = json.loads(path.read_text())
     manifest.pop("sha256")
     edit(manifest)
-    manifest["sha256"] = _checkpoint._manifest_digest(manifest)
+    manifest["sha256"] = _manifest.manifest_digest(manifest)
     path.write_text(json.dumps(manifest))
 
 
@@ -580,7 +580,7 @@ def test_a_save_that_dies_before_its_manifest_leaves_the_previous_checkpoint(
         raise KeyboardInterrupt("killed")
 
     if where == "manifest":
-        monkeypatch.setattr(_checkpoint, "_write_manifest", die)
+        monkeypatch.setattr(_checkpoint, "write_manifest", die)
     else:
         monkeypatch.setattr(os, "replace", die)
     for save in (lambda: statevar.save(tmp_path / "plain", w), lambda: manager.save(2, w)):

@@ -1,0 +1,162 @@
+"""Runs the scripts in ``examples/`` in-process and checks what they print and return."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+import statevar
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def load_example(name):
+    """Imports ``examples/<name>.py`` as a module, without running its ``__main__`` block."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def train_example():
+    # Loaded once, so that its jitted make_dataset compiles once for every test here.
+    return load_example("train")
+
+
+def parameters(model):
+    return {name: np.asarray(v.value) for name, v in model.named_variables().items()}
+
+
+def test_variables_tour_prints_each_section(capsys):
+    logger = logging.getLogger("statevar")
+    level = logger.level
+    try:
+        load_example("variables_tour").main()
+    finally:
+        logger.setLevel(level)  # the tour turns the statevar logger up to INFO
+    out = capsys.readouterr().out
+    assert f"statevar {statevar.__version__} on jax {jax.__version__}" in out
+    assert (
+        "Caught ShapeMismatchError: Cannot assign to Variable 'Variable': shape (3,) does not "
+        "match the variable's shape (2,)"
+    ) in out
+    assert "Caught DtypeMismatchError: Cannot assign to Variable 'counter'" in out
+    assert "counter unchanged after the rejected assign: [1 2]" in out
+    assert "A read taken before assign_add stays valid: [1. 2.] -> now [11. 12.]" in out
+    assert "After v[0] = 9 and v[1:] = [7, 8]: [9. 7. 8.]" in out
+    assert "[log] statevar: Variable 'logged': assign_add on cpu:0" in out
+    assert "Unexpected warning" not in out
+    assert "With soft placement off, caught PlacementError" in out
+
+
+def test_gradients_example_prints_the_expected_gradients(capsys):
+    load_example("gradients").main()
+    out = capsys.readouterr().out
+    assert "dy/d[w, not_trained] = [Array(12., dtype=float32), None]" in out
+    assert "d loss/dx = [2.0, 4.0, 6.0]" in out
+    assert "d loss/dw: [-5.0, -7.0] ; d loss/db: [-2.0]" in out
+    assert "no gradient for: ['layers/0/kernel', 'calls']" in out
+    assert "after setting it back to True: ['calls']" in out
+    assert "w after: [0.125, -0.25, 0.375]" in out
+
+
+def test_train_lowers_the_loss_and_saves_checkpoints(train_example, tmp_path, capsys):
+    directory = tmp_path / "checkpoints"
+    run = train_example.main(
+        ["--steps", "50", "--save-every", "20", "--checkpoint-dir", str(directory),
+         "--max-loss-ratio", "0.5"]
+    )  # fmt: skip
+    assert run.final < run.first
+    assert run.step == 50 and run.resumed_from is None
+    out = capsys.readouterr().out
+    assert "saved step 20" in out and "saved step 50" in out
+    assert statevar.CheckpointManager(directory).all_steps() == [20, 40, 50]
+
+
+def test_train_resumes_where_it_stopped_as_if_never_interrupted(train_example, tmp_path, capsys):
+    interrupted, uninterrupted = str(tmp_path / "interrupted"), str(tmp_path / "uninterrupted")
+    common = ["--save-every", "20", "--max-loss-ratio", "1"]
+    train_example.main(["--steps", "30", "--checkpoint-dir", interrupted, *common])
+    capsys.readouterr()
+
+    resumed = train_example.main(
+        ["--steps", "70", "--resume", "--checkpoint-dir", interrupted, *common]
+    )
+    out = capsys.readouterr().out
+    assert f"resumed from step 30 in {interrupted!r}" in out
+    assert resumed.resumed_from == 30 and resumed.step == 70
+    assert statevar.CheckpointManager(interrupted).all_steps() == [20, 30, 40, 60, 70]
+
+    whole = train_example.main(["--steps", "70", "--checkpoint-dir", uninterrupted, *common])
+    assert whole.resumed_from is None and whole.step == 70
+    expected = parameters(whole.model)
+    got = parameters(resumed.model)
+    assert list(got) == list(expected)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    assert resumed.final == whole.final
+
+
+def test_train_without_resume_deletes_old_checkpoints_and_says_so(train_example, tmp_path, capsys):
+    directory = str(tmp_path / "checkpoints")
+    common = ["--checkpoint-dir", directory, "--max-loss-ratio", "1"]
+    train_example.main(["--steps", "20", "--save-every", "10", *common])
+    capsys.readouterr()
+
+    run = train_example.main(["--steps", "5", *common])
+    out = capsys.readouterr().out
+    assert (
+        f"starting fresh: deleted the checkpoints of steps [10, 20] in {directory!r} "
+        "(pass --resume to continue from step 20 instead)"
+    ) in out
+    assert run.resumed_from is None and run.step == 5
+    assert statevar.CheckpointManager(directory).all_steps() == [5]
+
+
+def test_train_resume_with_no_checkpoint_starts_at_step_zero(train_example, tmp_path, capsys):
+    directory = str(tmp_path / "checkpoints")
+    run = train_example.main(
+        ["--steps", "5", "--resume", "--checkpoint-dir", directory, "--max-loss-ratio", "1"]
+    )
+    assert f"no checkpoint in {directory!r} to resume from: starting at step 0" in (
+        capsys.readouterr().out
+    )
+    assert run.resumed_from is None and run.step == 5
+
+
+def test_train_fails_when_the_loss_does_not_fall_enough(train_example, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_example.main(["--steps", "0", "--checkpoint-dir", str(tmp_path)])
+    assert exit_info.value.code == 1
+    assert "training did not converge" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--save-every", "0"], "--save-every must be a positive number of steps, got 0"),
+        (["--batch-size", "0"], "--batch-size must be between 1 and 4096, got 0"),
+    ],
+)
+def test_train_rejects_invalid_arguments(train_example, tmp_path, capsys, arguments, message):
+    with pytest.raises(SystemExit) as exit_info:
+        train_example.main([*arguments, "--checkpoint-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_train_rejects_a_checkpoint_dir_that_is_a_file(train_example, tmp_path, capsys):
+    path = tmp_path / "a_file"
+    path.write_text("not a directory")
+    with pytest.raises(SystemExit) as exit_info:
+        train_example.main(["--checkpoint-dir", str(path)])
+    assert exit_info.value.code == 2
+    assert f"--checkpoint-dir {str(path)!r} exists and is not a directory" in (
+        capsys.readouterr().err
+    )
