@@ -55,7 +55,14 @@ class _Entry:
 
     __slots__ = ("lifted", "jitted", "unlifted", "treedef", "fixed", "arg_variables")
 
-    def __init__(self, lifted: tuple[Variable, ...], jitted: Callable, treedef: Any, fixed: list, arg_variables: list):
+    def __init__(
+        self,
+        lifted: tuple[Variable, ...],
+        jitted: Callable,
+        treedef: Any,
+        fixed: list,
+        arg_variables: list,
+    ):
         self.lifted = lifted
         self.jitted = jitted
         self.unlifted: tuple[Variable, ...] = ()
@@ -135,7 +142,9 @@ class JitFunction:
         if entry.unlifted:
             # The trace read variables it could not see beforehand (their current values
             # were used); lift them from the next call on.
-            self._entries[key] = self._compile(entry.treedef, entry.fixed, entry.arg_variables, entry.unlifted)
+            self._entries[key] = self._compile(
+                entry.treedef, entry.fixed, entry.arg_variables, entry.unlifted
+            )
         return result
 
     def _is_static(self, treedef: Any, position: int) -> bool:
@@ -155,7 +164,10 @@ class JitFunction:
             for leaf in jax.tree.leaves(arg)
         ]
         positions += [
-            leaf for name, arg in kwargs.items() if name in self._static_argnames for leaf in jax.tree.leaves(arg)
+            leaf
+            for name, arg in kwargs.items()
+            if name in self._static_argnames
+            for leaf in jax.tree.leaves(arg)
         ]
         return frozenset(positions)
 
@@ -177,12 +189,20 @@ class JitFunction:
                         leaves.append(next(remaining))
                 args, kwargs = treedef.unflatten(leaves)
                 result = fn(*args, **kwargs)
-                result = jax.tree.map(lambda x: x._read() if isinstance(x, Variable) else x, result, is_leaf=_is_state)
+                result = jax.tree.map(
+                    lambda x: x._read() if isinstance(x, Variable) else x, result, is_leaf=_is_state
+                )
             entry.unlifted = tuple(frame.unlifted)
             owners = (*lifted, *(v for v in frame.written if v not in lifted_set))
             return result, _NewValues(_Identity(owners), [frame.values[v] for v in owners])
 
-        entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), treedef, fixed, arg_variables)
+        entry = _Entry(
+            lifted,
+            jax.jit(pure, donate_argnums=0, **self._jit_kwargs),
+            treedef,
+            fixed,
+            arg_variables,
+        )
         return entry
 
 

@@ -58,7 +58,8 @@ class Optimizer:
         state = tx.init([v.value for v in self._params])
         state_leaves, self._state_treedef = jax.tree.flatten(state)
         self._state = tuple(
-            Variable(leaf, trainable=False, name=f"optimizer/{i}") for i, leaf in enumerate(state_leaves)
+            Variable(leaf, trainable=False, name=f"optimizer/{i}")
+            for i, leaf in enumerate(state_leaves)
         )
         self._compiled_apply = jit(self._apply_traced)
 

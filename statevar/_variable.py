@@ -31,11 +31,15 @@ _PHRASES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _family(dtype: np.dtype) -> int | None:
     if dtype == np.bool_:
         return _BOOL
-    for family, kind in ((_INT, jnp.integer), (_FLOAT, jnp.floating), (_COMPLEX, jnp.complexfloating)):
+    for family, kind in (
+        (_INT, jnp.integer),
+        (_FLOAT, jnp.floating),
+        (_COMPLEX, jnp.complexfloating),
+    ):
         if jnp.issubdtype(dtype, kind):
             return family
     return None
@@ -273,7 +277,10 @@ class Variable:
         if not any(isinstance(part, _Tracer) for part in dynamic):
             try:
                 target = np.broadcast_to(np.empty((), np.bool_), self.shape)[
-                    tuple(np.asarray(part) if isinstance(part, jax.Array) else part for part in _update.rebuild_index(static, dynamic))
+                    tuple(
+                        np.asarray(part) if isinstance(part, jax.Array) else part
+                        for part in _update.rebuild_index(static, dynamic)
+                    )
                 ].shape
             except IndexError as error:
                 raise IndexError(
@@ -284,11 +291,15 @@ class Variable:
             # on its values), so a concrete mask becomes the integer indices it selects.
             static, dynamic = _update.split_index(_masks_to_indices(index))
         else:
-            target = jax.eval_shape(lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)).shape
+            target = jax.eval_shape(
+                lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)
+            ).shape
         value = self._check(value, "setitem", target_shape=target)
         self._update("setitem", value, dynamic, static)
 
-    def _check(self, value: Any, operation: str, target_shape: tuple[int, ...] | None = None) -> Any:
+    def _check(
+        self, value: Any, operation: str, target_shape: tuple[int, ...] | None = None
+    ) -> Any:
         """Validates ``value`` for an update, before anything is donated; returns it ready
         for the jitted update."""
         source = _PYTHON_SCALARS.get(type(value))
@@ -333,7 +344,11 @@ class Variable:
             raise DtypeMismatchError(
                 f"Cannot {operation} Variable '{self.name}': a value of dtype {described} "
                 f"cannot be converted safely to the variable's dtype {self.dtype}"
-                + ("" if source is None else f" ({_FAMILY_NAMES[source]} into {_FAMILY_NAMES[target]})")
+                + (
+                    ""
+                    if source is None
+                    else f" ({_FAMILY_NAMES[source]} into {_FAMILY_NAMES[target]})"
+                )
             )
         if source == _INT and not isinstance(value, jax.Array):
             converted = _convert_host_integers(value, self.dtype)
@@ -430,7 +445,9 @@ class Variable:
         return self._read().__index__()
 
     def __deepcopy__(self, memo: dict) -> Variable:
-        return Variable(self._read(), trainable=self._trainable, name=self._name, device=self.device)
+        return Variable(
+            self._read(), trainable=self._trainable, name=self._name, device=self.device
+        )
 
     # Pytree: a Variable flattens to its value, so plain jax.jit, jax.tree and jnp
     # functions accept it; an unflattened Variable is a read-only view inside the trace.

@@ -107,7 +107,9 @@ def test_grad_does_not_change_variables():
 
 @pytest.mark.parametrize("bad", [3.0, "kernel", [statevar.Variable(1.0), 2.0], {"a": None}])
 def test_wrt_must_be_variables(bad):
-    with pytest.raises(TypeError, match="Expected statevar.grad's wrt to be a Variable, a Module, or a list"):
+    with pytest.raises(
+        TypeError, match="Expected statevar.grad's wrt to be a Variable, a Module, or a list"
+    ):
         statevar.grad(lambda: 0.0, bad)
 
 
@@ -119,7 +121,10 @@ def test_assigning_inside_grad_is_refused_and_changes_nothing():
         counter.assign_add(1)
         return w * w
 
-    with pytest.raises(statevar.TraceContextError, match="Cannot assign_add to Variable 'counter' inside statevar.grad"):
+    with pytest.raises(
+        statevar.TraceContextError,
+        match="Cannot assign_add to Variable 'counter' inside statevar.grad",
+    ):
         statevar.grad(loss, w)()
     assert int(counter) == 0 and not isinstance(counter._value, jax.core.Tracer)
 
@@ -131,7 +136,9 @@ def test_creating_a_variable_inside_grad_is_refused():
         statevar.Variable(0.0, name="scratch")
         return w * w
 
-    with pytest.raises(statevar.TraceContextError, match="Cannot create Variable 'scratch' inside statevar.grad"):
+    with pytest.raises(
+        statevar.TraceContextError, match="Cannot create Variable 'scratch' inside statevar.grad"
+    ):
         statevar.grad(loss, w)()
 
 
@@ -142,7 +149,9 @@ def test_plain_jax_grad_assigning_a_variable_is_a_clear_error():
         w.assign(x)
         return x * x
 
-    with pytest.raises(statevar.TraceContextError, match="Cannot assign to Variable 'w' inside jax.jit, jax.grad"):
+    with pytest.raises(
+        statevar.TraceContextError, match="Cannot assign to Variable 'w' inside jax.jit, jax.grad"
+    ):
         jax.grad(loss)(2.0)
     assert float(w) == 1.0
 

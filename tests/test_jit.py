@@ -231,7 +231,10 @@ def test_creating_a_variable_inside_jit_is_refused():
     def make():
         return statevar.Variable(1.0, name="fresh").value
 
-    with pytest.raises(statevar.TraceContextError, match="Cannot create Variable 'fresh' inside statevar.jit.*outside"):
+    with pytest.raises(
+        statevar.TraceContextError,
+        match="Cannot create Variable 'fresh' inside statevar.jit.*outside",
+    ):
         make()
 
 
@@ -248,7 +251,9 @@ def test_plain_jax_jit_assigning_a_variable_is_a_clear_error_and_keeps_the_value
         v.assign(x)
         return x
 
-    with pytest.raises(statevar.TraceContextError, match="Cannot assign to Variable 'weights' inside jax.jit"):
+    with pytest.raises(
+        statevar.TraceContextError, match="Cannot assign to Variable 'weights' inside jax.jit"
+    ):
         bad(jnp.zeros(2))
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
     assert not isinstance(v._value, jax.core.Tracer)
@@ -262,7 +267,9 @@ def test_plain_jax_jit_on_a_variable_argument_is_read_only():
         var.assign_add(1.0)
         return var.value
 
-    with pytest.raises(statevar.TraceContextError, match="Cannot assign_add to Variable 'weights' inside jax.jit"):
+    with pytest.raises(
+        statevar.TraceContextError, match="Cannot assign_add to Variable 'weights' inside jax.jit"
+    ):
         bad(v)
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
     chex.assert_trees_all_close(jax.jit(lambda var: var * 2)(v), jnp.array([2.0, 4.0]))
@@ -301,6 +308,9 @@ def test_calling_a_statevar_jit_function_inside_jax_jit_is_a_clear_error():
     def bump(x):
         v.assign_add(x)
 
-    with pytest.raises(statevar.TraceContextError, match="Cannot call the statevar.jit function 'bump' inside jax.jit"):
+    with pytest.raises(
+        statevar.TraceContextError,
+        match="Cannot call the statevar.jit function 'bump' inside jax.jit",
+    ):
         jax.jit(bump)(1.0)
     assert float(v) == 0.0 and not isinstance(v._value, jax.core.Tracer)

@@ -69,7 +69,9 @@ def test_duplicate_names_are_an_error():
     layer = Dense()
     layer.kernel = statevar.Variable([1.0], name="same")
     layer.bias = statevar.Variable([1.0], name="same")
-    with pytest.raises(ValueError, match=r"Two variables in Dense have the name 'same' \(at 'kernel' and 'bias'\)"):
+    with pytest.raises(
+        ValueError, match=r"Two variables in Dense have the name 'same' \(at 'kernel' and 'bias'\)"
+    ):
         layer.named_variables()
 
 

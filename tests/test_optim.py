@@ -74,7 +74,9 @@ def test_a_none_gradient_leaves_the_variable_unchanged():
 def test_gradients_must_mirror_the_variables():
     model = Linear()
     opt = statevar.Optimizer(optax.sgd(0.1), model)
-    with pytest.raises(ValueError, match="Expected gradients structured like the optimizer's variables"):
+    with pytest.raises(
+        ValueError, match="Expected gradients structured like the optimizer's variables"
+    ):
         opt.apply([jnp.zeros((2, 2)), jnp.zeros(2)])
     assert float(model.kernel[0, 0]) == 1.0
 
@@ -82,7 +84,10 @@ def test_gradients_must_mirror_the_variables():
 def test_gradient_shape_must_match():
     w = statevar.Variable([1.0, 2.0], name="w")
     opt = statevar.Optimizer(optax.sgd(0.1), [w])
-    with pytest.raises(ValueError, match=r"Gradient for Variable 'w' has shape \(3,\), expected the variable's shape \(2,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Gradient for Variable 'w' has shape \(3,\), expected the variable's shape \(2,\)",
+    ):
         opt.apply([jnp.zeros(3)])
     chex.assert_trees_all_close(w.value, jnp.array([1.0, 2.0]))
 
@@ -100,7 +105,9 @@ def test_tx_must_be_an_optax_transformation():
 
 
 def test_variables_must_be_variables():
-    with pytest.raises(TypeError, match="Expected the Optimizer's variables to be a Variable, a Module"):
+    with pytest.raises(
+        TypeError, match="Expected the Optimizer's variables to be a Variable, a Module"
+    ):
         statevar.Optimizer(optax.sgd(0.1), [jnp.ones(2)])
 
 
@@ -110,6 +117,9 @@ def test_a_gradient_for_a_variable_unfrozen_after_creation_is_refused():
     opt = statevar.Optimizer(optax.sgd(0.1), [w, frozen])
     frozen.trainable = True
     grads = statevar.grad(lambda: w * frozen, [w, frozen])()
-    with pytest.raises(ValueError, match="Got a gradient for Variable 'frozen', which this optimizer does not update"):
+    with pytest.raises(
+        ValueError,
+        match="Got a gradient for Variable 'frozen', which this optimizer does not update",
+    ):
         opt.apply(grads)
     assert (float(w), float(frozen)) == (1.0, 1.0)
