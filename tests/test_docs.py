@@ -82,7 +82,8 @@ def test_doc_page_runs(page, tmp_path, monkeypatch, request):
     logger = logging.getLogger("statevar")
     request.addfinalizer(functools.partial(logger.setLevel, logger.level))
     namespace = {"__name__": f"docs.{page.stem}"}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("error")
         warnings.filterwarnings("always", category=statevar.PlacementWarning)
         for block in blocks:
             # Pad with blank lines so tracebacks show the line number in the .md file.
@@ -96,6 +97,7 @@ def test_doc_page_runs(page, tmp_path, monkeypatch, request):
                     f"{page.name}, block at line {block.line}: the printed output differs "
                     "from the ```output block after it"
                 )
+    assert all(issubclass(w.category, statevar.PlacementWarning) for w in caught)
 
 
 def test_read_blocks_pairs_output_and_skips_other_languages():
