@@ -51,6 +51,10 @@ def _integer_range(dtype: np.dtype) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
+# Bound once: the eager update is a hot path.
+_UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
+_settings = _placement._settings
+
 # Counts changes of any variable's trainable flag; `statevar.jit` keys its traces on it.
 trainable_epoch = [0]
 
@@ -310,6 +314,15 @@ class Variable:
                 source != _INT or _fits_weakly(value, self._value.dtype)
             ):
                 return value
+        elif target_shape is None and _is_concrete_array(value):
+            # Fast path for an array of the variable's own dtype, shape and placement.
+            own = self._value
+            if (
+                value.dtype == own.dtype
+                and value.shape == own.shape
+                and (not value.committed or value.sharding == own.sharding)
+            ):
+                return value
         operation = _PHRASES[operation]
         if isinstance(value, Variable):
             value = value._read()
@@ -382,9 +395,9 @@ class Variable:
             new = _update.PURE[operation](old, *operands)
             _trace.write(self, new, _PHRASES[operation])
             return self
-        donating, copying = _update.UPDATES[operation]
+        donating, copying = _UPDATES[operation]
         with self._lock:
-            update = donating if sys.getrefcount(self._value) <= _update.SOLE_HOLDER else copying
+            update = donating if _getrefcount(self._value) <= _SOLE_HOLDER else copying
             new = update(self._value, *operands)
             # Under jax.jit the update is only traced, even with concrete operands (nothing is
             # donated then); storing its tracer would leak it out of the trace.
@@ -395,7 +408,7 @@ class Variable:
                     "of the trace."
                 )
             self._value = new
-        if _placement._settings.log_placement:
+        if _settings.log_placement:
             _placement.log(self.name, operation, self.device)
         return self
 
