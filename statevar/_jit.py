@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from . import _trace, _update, _variable
-from ._errors import TraceContextError
+from ._errors import StatevarError, TraceContextError
 from ._module import Module
 from ._variable import Variable
 
@@ -53,22 +53,30 @@ jax.tree_util.register_pytree_node(
 class _Entry:
     """One compiled form of the function: the variables it lifts and its `jax.jit`."""
 
-    __slots__ = ("lifted", "jitted", "unlifted", "treedef", "fixed", "arg_variables")
+    __slots__ = (
+        "lifted",
+        "jitted",
+        "unlifted",
+        "treedef",
+        "fixed",
+        "arg_variables",
+        "extra",
+        "flags",
+        "epoch",
+    )
 
-    def __init__(
-        self,
-        lifted: tuple[Variable, ...],
-        jitted: Callable,
-        treedef: Any,
-        fixed: list,
-        arg_variables: list,
-    ):
+    def __init__(self, lifted: tuple[Variable, ...], jitted: Callable, split: tuple, extra: tuple):
         self.lifted = lifted
         self.jitted = jitted
         self.unlifted: tuple[Variable, ...] = ()
         # How the call's arguments were split; ``fixed`` also keeps the objects whose ids
         # make up this entry's key alive, so the ids are not reused.
-        self.treedef, self.fixed, self.arg_variables = treedef, fixed, arg_variables
+        self.treedef, self.fixed, self.arg_variables = split
+        self.extra = extra
+        # Gradients depend on which variables are trainable: the trace is valid for these
+        # flags, checked again whenever any variable's flag changed (a new epoch).
+        self.flags = tuple(v._trainable for v in lifted)
+        self.epoch = _variable.trainable_epoch[0]
 
 
 class JitFunction:
@@ -85,9 +93,25 @@ class JitFunction:
                     "buffers itself; pass arrays you want donated as Variables instead"
                 )
         static = jit_kwargs.pop("static_argnums", ())
-        self._static_argnums = frozenset((static,) if isinstance(static, int) else static)
+        static = (static,) if isinstance(static, int) else tuple(static)
         names = jit_kwargs.pop("static_argnames", ())
-        self._static_argnames = frozenset((names,) if isinstance(names, str) else names)
+        names = (names,) if isinstance(names, str) else tuple(names)
+        # As jax.jit does: a static argument is static whether passed by position or name.
+        try:
+            parameters = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            parameters = []
+        positional = [
+            p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if positional:
+            static = tuple(i + len(positional) if i < 0 else i for i in static)
+        self._static_argnums = frozenset(
+            (*static, *(positional.index(name) for name in names if name in positional))
+        )
+        self._static_argnames = frozenset(
+            (*names, *(positional[i] for i in static if 0 <= i < len(positional)))
+        )
         self._fn = fn
         self._jit_kwargs = jit_kwargs
         self._entries: dict[Any, _Entry] = {}
@@ -99,53 +123,74 @@ class JitFunction:
         if _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
-        if not kwargs and not self._has_static and all(isinstance(a, jax.Array) for a in args):
+        if not kwargs and not self._has_static and all(isinstance(a, _ARRAY_TYPES) for a in args):
             # Fast path for the common step(x, y): only arrays, so the key needs no flatten.
-            key = (len(args), _variable.trainable_epoch[0])
-            entry = self._entries.get(key)
+            entry = self._entries.get(len(args))
             if entry is not None:
-                return self._run(key, entry, list(args))
+                return self._run(len(args), entry, list(args))
         leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=_is_state)
-        # Gradients depend on which variables are trainable: a flag change retraces.
-        key_parts = [treedef, _variable.trainable_epoch[0]]
+        key_parts: list[Any] = [treedef]
         dynamic, arg_variables, fixed = [], [], []
         for position, leaf in enumerate(leaves):
             if isinstance(leaf, _ARRAY_TYPES) and not self._is_static(treedef, position):
                 dynamic.append(leaf)
+                continue
+            if isinstance(leaf, Variable):
+                arg_variables.append(leaf)
+                key_parts.append((position, id(leaf)))
+            elif isinstance(leaf, Module):
+                variables = leaf.variables
+                arg_variables.extend(variables)
+                # Keyed on the module's variables too, so replacing one retraces.
+                key_parts.append((position, id(leaf), tuple(map(id, variables))))
             else:
-                if isinstance(leaf, Variable):
-                    arg_variables.append(leaf)
-                elif isinstance(leaf, Module):
-                    arg_variables.extend(leaf.variables)
-                fixed.append((position, leaf))
-                key_parts.append((position, _key_of(leaf)))
+                key_parts.append((position, _static_key(leaf, self.__name__)))
+            fixed.append((position, leaf))
         if not fixed and not kwargs and all(isinstance(a, _ARRAY_TYPES) for a in args):
-            key = (len(args), _variable.trainable_epoch[0])
+            key: Any = len(args)
         else:
             key = tuple(key_parts)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = self._compile(treedef, fixed, arg_variables, ())
+            entry = self._entries[key] = self._compile((treedef, fixed, arg_variables), ())
         return self._run(key, entry, dynamic)
 
     def _run(self, key: Any, entry: _Entry, dynamic: list[Any]) -> Any:
-        arrays = _update.exclusive_or_copies([v._value for v in entry.lifted])
-        result, new = entry.jitted(arrays, dynamic)
-        if new.values and isinstance(new.values[0], _Tracer):
-            raise TraceContextError(
-                f"Cannot call the statevar.jit function {self.__name__!r} inside jax.jit, "
-                "jax.grad or another JAX transformation: the variables it assigns would keep "
-                "tracers. Call it outside, or use statevar.jit and statevar.grad throughout."
-            )
-        for variable, value in zip(new.owners.variables, new.values, strict=True):
-            variable._value = value
+        if any(isinstance(x, _Tracer) for x in dynamic):
+            raise self._under_transformation()
+        if entry.epoch != _variable.trainable_epoch[0]:
+            if tuple(v._trainable for v in entry.lifted) != entry.flags:
+                entry = self._entries[key] = self._compile(entry_split(entry), entry.extra)
+            entry.epoch = _variable.trainable_epoch[0]
+        with _update.state_lock:
+            arrays = _update.exclusive_or_copies([v._value for v in entry.lifted])
+            try:
+                result, new = entry.jitted(arrays, dynamic)
+            except Exception as error:
+                lost = [v.name for v, a in zip(entry.lifted, arrays, strict=True) if a.is_deleted()]
+                if lost:
+                    raise StatevarError(
+                        f"The statevar.jit function {self.__name__!r} failed after its "
+                        f"variables' buffers were donated; these variables lost their values: "
+                        f"{', '.join(repr(name) for name in lost)}"
+                    ) from error
+                raise
+            if any(isinstance(x, _Tracer) for x in new.values):
+                raise self._under_transformation()
+            for variable, value in zip(new.owners.variables, new.values, strict=True):
+                variable._value = value
         if entry.unlifted:
             # The trace read variables it could not see beforehand (their current values
             # were used); lift them from the next call on.
-            self._entries[key] = self._compile(
-                entry.treedef, entry.fixed, entry.arg_variables, entry.unlifted
-            )
+            self._entries[key] = self._compile(entry_split(entry), (*entry.extra, *entry.unlifted))
         return result
+
+    def _under_transformation(self) -> TraceContextError:
+        return TraceContextError(
+            f"Cannot call the statevar.jit function {self.__name__!r} inside jax.jit, "
+            "jax.grad, jax.vmap or another JAX transformation: the variables it assigns would "
+            "keep tracers. Call it outside, or use statevar.jit and statevar.grad throughout."
+        )
 
     def _is_static(self, treedef: Any, position: int) -> bool:
         if not self._has_static:
@@ -157,11 +202,9 @@ class JitFunction:
 
     def _static_positions(self, treedef: Any) -> frozenset[int]:
         args, kwargs = treedef.unflatten(range(treedef.num_leaves))
+        static = {i % len(args) for i in self._static_argnums if -len(args) <= i < len(args)}
         positions = [
-            leaf
-            for i, arg in enumerate(args)
-            if i in self._static_argnums
-            for leaf in jax.tree.leaves(arg)
+            leaf for i, arg in enumerate(args) if i in static for leaf in jax.tree.leaves(arg)
         ]
         positions += [
             leaf
@@ -171,7 +214,8 @@ class JitFunction:
         ]
         return frozenset(positions)
 
-    def _compile(self, treedef: Any, fixed: list, arg_variables: list, extra: tuple) -> _Entry:
+    def _compile(self, split: tuple, extra: tuple) -> _Entry:
+        treedef, fixed, arg_variables = split
         lifted = tuple(dict.fromkeys([*arg_variables, *closure_variables(self._fn), *extra]))
         lifted_set = set(lifted)
         fn = self._fn
@@ -196,24 +240,25 @@ class JitFunction:
             owners = (*lifted, *(v for v in frame.written if v not in lifted_set))
             return result, _NewValues(_Identity(owners), [frame.values[v] for v in owners])
 
-        entry = _Entry(
-            lifted,
-            jax.jit(pure, donate_argnums=0, **self._jit_kwargs),
-            treedef,
-            fixed,
-            arg_variables,
-        )
+        entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), split, extra)
         return entry
 
 
-def _key_of(leaf: Any) -> Any:
+def entry_split(entry: _Entry) -> tuple:
+    """Returns how the arguments of ``entry``'s calls are split, for `JitFunction._compile`."""
+    return entry.treedef, entry.fixed, entry.arg_variables
+
+
+def _static_key(leaf: Any, function_name: str) -> Any:
     try:
         hash(leaf)
     except TypeError:
-        return ("id", id(leaf))
-    if isinstance(leaf, (Variable, Module)):
-        return ("id", id(leaf))
-    return ("value", type(leaf), leaf)
+        raise TypeError(
+            f"The statevar.jit function {function_name!r} got an argument of type "
+            f"{type(leaf).__name__}, which is not an array, Variable or Module and is not "
+            "hashable, so it cannot be treated as static. Pass arrays, or a hashable value."
+        ) from None
+    return (type(leaf), leaf)
 
 
 def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
@@ -234,7 +279,8 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     Args:
       fn: the function. Its arguments may hold Variables, Modules, arrays and Python
         scalars; anything else is treated as static.
-      **jit_kwargs: passed to `jax.jit` (e.g. ``static_argnums``), except ``donate_*``.
+      **jit_kwargs: passed to `jax.jit`, except ``donate_argnums`` and ``donate_argnames``;
+        ``static_argnums`` and ``static_argnames`` mark arguments static as in `jax.jit`.
 
     Returns:
       The compiled function.

@@ -11,12 +11,18 @@ reference count, calibrated below against the same access pattern.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+# Guards every variable's array: eager updates and reads, and `statevar.jit` calls, which
+# read, donate and replace many variables at once. One reentrant lock (rather than one per
+# variable) keeps a compiled step to a single acquire and cannot deadlock.
+state_lock = threading.RLock()
 
 # How often each update function has been traced; tests use it to prove there is no retrace.
 trace_counts: dict[str, int] = {}

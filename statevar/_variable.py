@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 from typing import Any
 
 import jax
@@ -53,6 +52,7 @@ def _integer_range(dtype: np.dtype) -> tuple[int, int]:
 
 # Bound once: the eager update is a hot path.
 _UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
+_state_lock = _update.state_lock
 _settings = _placement._settings
 
 # Counts changes of any variable's trainable flag; `statevar.jit` keys its traces on it.
@@ -147,7 +147,6 @@ class Variable:
             placed_on = _placement.current_device() or _default_device()
         self._name = name
         self._trainable = bool(trainable)
-        self._lock = threading.Lock()
         self._value: jax.Array = jax.device_put(value, placed_on)
         _placement.log(label, "create", placed_on)
 
@@ -211,7 +210,7 @@ class Variable:
             traced = _trace.read(self)
             if traced is not None:
                 return traced
-        with self._lock:
+        with _state_lock:
             return self._value
 
     def read_value(self) -> jax.Array:
@@ -396,7 +395,7 @@ class Variable:
             _trace.write(self, new, _PHRASES[operation])
             return self
         donating, copying = _UPDATES[operation]
-        with self._lock:
+        with _state_lock:
             update = donating if _getrefcount(self._value) <= _SOLE_HOLDER else copying
             new = update(self._value, *operands)
             # Under jax.jit the update is only traced, even with concrete operands (nothing is
@@ -418,7 +417,7 @@ class Variable:
         try:
             # Under the lock, so that an update in another thread cannot donate the array
             # between reading the attribute and converting it.
-            with self._lock:
+            with _state_lock:
                 value = self._value
             array = np.asarray(value)
             text = repr(array.item()) if array.ndim == 0 else np.array_repr(array)
@@ -471,7 +470,6 @@ class Variable:
     def tree_unflatten(cls, aux: tuple[str | None, bool], children: tuple[Any]) -> Variable:
         view = object.__new__(cls)
         view._name, view._trainable = aux
-        view._lock = threading.Lock()
         view._value = children[0]
         return view
 

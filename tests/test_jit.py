@@ -187,16 +187,132 @@ def test_a_variable_found_only_while_tracing_is_lifted_on_the_next_call():
     assert len(traces) == 2  # traced once more to lift holder.v, then never again
 
 
-def test_static_argnums():
-    v = statevar.Variable(1.0)
+@pytest.mark.parametrize(
+    "static", [{"static_argnums": 1}, {"static_argnums": -1}, {"static_argnames": "repeats"}]
+)
+def test_static_arguments_by_position_or_name(static):
+    total = statevar.Variable(0.0)
+
+    def add(x, repeats):
+        for _ in range(repeats):  # Python control flow: needs a concrete int
+            total.assign_add(x)
+
+    add = statevar.jit(add, **static)
+    add(jnp.float32(1.0), 2)
+    add(jnp.float32(1.0), repeats=3)
+    assert float(total) == 5.0
+
+
+def test_unhashable_non_array_arguments_are_refused():
+    class Config:
+        __hash__ = None
 
     @statevar.jit
-    def scale(x, mode):
-        return x * v.value * (2 if mode == "double" else 1)
+    def step(config, x):
+        return x
 
-    scaled = statevar.jit(scale._fn, static_argnums=1)
-    assert float(scaled(jnp.float32(3.0), "double")) == 6.0
-    assert float(scaled(jnp.float32(3.0), "single")) == 3.0
+    with pytest.raises(TypeError, match="got an argument of type Config, which is not an array"):
+        step(Config(), 1.0)
+
+
+def test_replacing_a_variable_in_a_module_argument_retraces():
+    class Holder(statevar.Module):
+        def __init__(self):
+            self.w = statevar.Variable(1.0)
+
+    @statevar.jit
+    def bump(module):
+        module.w.assign_add(1.0)
+
+    holder = Holder()
+    bump(holder)
+    old = holder.w
+    holder.w = statevar.Variable(100.0)
+    bump(holder)
+    assert (float(old), float(holder.w)) == (2.0, 101.0)
+
+
+def test_toggling_an_unrelated_flag_does_not_retrace():
+    w = statevar.Variable(1.0)
+    unrelated = statevar.Variable(1.0)
+    traces = []
+
+    @statevar.jit
+    def step():
+        traces.append(1)
+        return statevar.grad(lambda: w * w, w)()
+
+    step()
+    for _ in range(3):
+        unrelated.trainable = not unrelated.trainable
+        step()
+    assert len(traces) == 1
+
+
+def test_calling_under_jax_grad_or_vmap_is_refused_and_leaves_variables_intact():
+    a = statevar.Variable(0.0, name="a")
+    b = statevar.Variable(0.0, name="b")
+
+    @statevar.jit
+    def step(x):
+        a.assign_add(x)
+        b.assign(x * 2)
+        return x * 3
+
+    for transform in (jax.grad, jax.vmap):
+        argument = jnp.ones(2) if transform is jax.vmap else 3.0
+        with pytest.raises(statevar.TraceContextError, match="inside jax.jit, jax.grad, jax.vmap"):
+            transform(step)(argument)
+    for variable in (a, b):
+        assert not isinstance(variable._value, jax.core.Tracer)
+        assert not variable._value.is_deleted() and float(variable) == 0.0
+
+
+def test_a_failure_after_donation_names_the_variables_that_lost_their_values():
+    v = statevar.Variable(1.0, name="v")
+
+    def fail(x):
+        raise RuntimeError("boom")
+
+    @statevar.jit
+    def step():
+        v.assign_add(1.0)
+        return jax.pure_callback(fail, jax.ShapeDtypeStruct((), jnp.float32), v.value)
+
+    with pytest.raises(
+        statevar.StatevarError, match="failed after its variables' buffers were donated.*'v'"
+    ):
+        step()
+
+
+def test_threads_calling_a_compiled_step_and_reading_never_see_a_deleted_array():
+    import threading
+
+    v = statevar.Variable(0.0)
+
+    @statevar.jit
+    def step():
+        v.assign_add(1.0)
+
+    step()
+    errors = []
+
+    def run(work):
+        try:
+            for _ in range(300):
+                work()
+        except Exception as error:  # collected and asserted below
+            errors.append(error)
+
+    workers = [threading.Thread(target=run, args=(step,)) for _ in range(2)]
+    workers.append(threading.Thread(target=run, args=(lambda: v.assign_add(1.0),)))
+    workers.append(threading.Thread(target=run, args=(lambda: float(v.value),)))
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert errors == []
+    assert float(v) == 1.0 + 900.0
 
 
 def test_non_array_arguments_are_static():
