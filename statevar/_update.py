@@ -58,12 +58,17 @@ def _set_item(old: jax.Array, value: Any, dynamic: tuple, static: tuple) -> jax.
     return old.at[index].set(fitted)
 
 
+def _set_where(old: jax.Array, value: Any, mask: jax.Array) -> jax.Array:
+    return jnp.where(mask, _fit(value, old), old)
+
+
 # The update functions themselves, for use while `statevar.jit` traces.
 PURE: dict[str, Callable] = {
     "assign": _assign,
     "assign_add": _assign_add,
     "assign_sub": _assign_sub,
     "setitem": _set_item,
+    "setmask": _set_where,
 }
 
 
@@ -83,6 +88,7 @@ UPDATES: dict[str, tuple[Callable, Callable]] = {
     "assign_add": _pair("assign_add"),
     "assign_sub": _pair("assign_sub"),
     "setitem": _pair("setitem", static_argnums=3),
+    "setmask": _pair("setmask"),
 }
 
 copy_array = jax.jit(jnp.copy)

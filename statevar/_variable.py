@@ -27,6 +27,7 @@ _PHRASES = {
     "assign_add": "assign_add to",
     "assign_sub": "assign_sub to",
     "setitem": "set an item of",
+    "setmask": "set an item of",
 }
 
 
@@ -57,6 +58,13 @@ _settings = _placement._settings
 
 # Counts changes of any variable's trainable flag; `statevar.jit` keys its traces on it.
 trainable_epoch = [0]
+
+
+def _holds_range_of(dtype: np.dtype, other: np.dtype) -> bool:
+    """Whether integer ``dtype`` holds every value of integer ``other``."""
+    smallest, largest = _integer_range(dtype)
+    other_smallest, other_largest = _integer_range(other)
+    return smallest <= other_smallest and other_largest <= largest
 
 
 def _is_concrete_array(x: Any) -> bool:
@@ -126,8 +134,21 @@ class Variable:
                 f"Cannot create Variable '{label}' from a traced value inside a JAX "
                 "transformation: create variables outside jitted or differentiated functions."
             )
+        if dtype is not None:
+            try:
+                requested = jnp.dtype(dtype)
+            except TypeError as error:
+                raise DtypeMismatchError(
+                    f"Cannot create Variable '{label}' with dtype {dtype!r}: {error}"
+                ) from None
+            _check_initial_conversion(initial_value, requested, label)
         try:
             value = jnp.array(initial_value, dtype=dtype, copy=True)
+        except OverflowError:
+            raise DtypeMismatchError(
+                f"Cannot create Variable '{label}': {_short(initial_value)} is out of range "
+                f"for dtype {jnp.dtype(dtype) if dtype is not None else 'int32'}"
+            ) from None
         except (TypeError, ValueError) as error:
             raise DtypeMismatchError(
                 f"Cannot create Variable '{label}' from {type(initial_value).__name__} "
@@ -138,6 +159,7 @@ class Variable:
                 f"Cannot create Variable '{label}' with dtype {value.dtype}: expected a "
                 "bool, integer, floating or complex dtype"
             )
+
         if value.weak_type:
             # A variable's dtype is fixed: Python scalars give a strongly typed array.
             value = jnp.array(value, dtype=value.dtype)
@@ -276,6 +298,15 @@ class Variable:
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
         index = _unwrap(index)
+        if (
+            isinstance(index, (jax.Array, np.ndarray))
+            and index.dtype == np.bool_
+            and index.shape == self.shape
+            and np.shape(_operand(value)) == ()
+        ):
+            # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
+            self._update("setmask", self._check(value, "setitem", target_shape=()), index)
+            return
         static, dynamic = _update.split_index(index)
         if not any(isinstance(part, _Tracer) for part in dynamic):
             try:
@@ -362,6 +393,17 @@ class Variable:
                     else f" ({_FAMILY_NAMES[source]} into {_FAMILY_NAMES[target]})"
                 )
             )
+        if source == _INT and target == _INT and _is_concrete_array(value):
+            if not _holds_range_of(self.dtype, value.dtype) and value.size:
+                # A device array narrowing into a smaller integer dtype: check its range.
+                low, high = int(value.min()), int(value.max())
+                smallest, largest = _integer_range(self.dtype)
+                if low < smallest or high > largest:
+                    raise DtypeMismatchError(
+                        f"Cannot {operation} Variable '{self.name}': a value of dtype "
+                        f"{described} (from {low} to {high}) is out of range for the "
+                        f"variable's dtype {self.dtype}"
+                    )
         if source == _INT and not isinstance(value, jax.Array):
             converted = _convert_host_integers(value, self.dtype)
             if converted is None:
@@ -483,6 +525,35 @@ def _unwrap(index: Any) -> Any:
     if isinstance(index, tuple):
         return tuple(part._read() if isinstance(part, Variable) else part for part in index)
     return index
+
+
+def _check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) -> None:
+    """Refuses an explicit ``dtype=`` that ``initial_value`` does not convert to safely,
+    by the rules `Variable.assign` applies."""
+    source = _PYTHON_SCALARS.get(type(initial_value))
+    if source is None:
+        source_dtype = getattr(initial_value, "dtype", None)
+        if source_dtype is None:
+            source_dtype = np.asarray(initial_value).dtype
+        source = _family(np.dtype(source_dtype))
+    target = _family(dtype)
+    if (
+        source is not None
+        and target is not None
+        and not (source == target or _BOOL < source < target)
+    ):
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' with dtype {dtype} from "
+            f"{_short(initial_value)}: {_FAMILY_NAMES[source]} values cannot be converted "
+            f"safely to {dtype} ({_FAMILY_NAMES[source]} into {_FAMILY_NAMES[target]})"
+        )
+    if source == _INT and target == _INT and not _is_concrete_array(initial_value):
+        host = initial_value if isinstance(initial_value, int) else np.asarray(initial_value)
+        if _convert_host_integers(host, dtype) is None:
+            raise DtypeMismatchError(
+                f"Cannot create Variable '{label}': {_short(initial_value)} is out of range "
+                f"for dtype {dtype}"
+            )
 
 
 def _fits_weakly(value: int, dtype: np.dtype) -> bool:

@@ -691,3 +691,49 @@ def test_updating_a_variable_passed_to_jax_jit_raises():
         jax.jit(lambda x: x.assign_add(1.0))(v)
 
     chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "match"),
+    [
+        (
+            jnp.int8,
+            jnp.array(300),
+            r"dtype int32 \(from 300 to 300\) is out of range for the variable's dtype int8",
+        ),
+        (
+            jnp.uint8,
+            jnp.array(-1),
+            r"\(from -1 to -1\) is out of range for the variable's dtype uint8",
+        ),
+        (jnp.int32, jnp.array(np.uint32(4_000_000_000)), r"dtype uint32 .* out of range .* int32"),
+    ],
+)
+def test_device_integers_out_of_range_are_refused(dtype, value, match):
+    v = statevar.Variable(0, dtype=dtype, name="v")
+    with pytest.raises(statevar.DtypeMismatchError, match=match):
+        v.assign(value)
+    assert int(v) == 0
+    v.assign(jnp.array(5))  # in range: converted
+    assert int(v) == 5
+
+
+def test_boolean_mask_assignment_compiles_once_for_every_mask():
+    v = statevar.Variable(jnp.arange(-4.0, 4.0))
+    v[v < 0] = 0.0
+    before = statevar._update.trace_counts.get("setmask", 0)
+    for threshold in (1.0, 2.0, 3.0):
+        v[v > threshold] = threshold
+    assert statevar._update.trace_counts["setmask"] == before
+    chex.assert_trees_all_close(v.value, jnp.array([0.0, 0, 0, 0, 0, 1, 1, 1]))
+
+
+def test_boolean_mask_assignment_inside_statevar_jit():
+    v = statevar.Variable(jnp.array([-1.0, 2.0, -3.0]))
+
+    @statevar.jit
+    def clip():
+        v[v < 0] = 0.0
+
+    clip()
+    chex.assert_trees_all_close(v.value, jnp.array([0.0, 2.0, 0.0]))

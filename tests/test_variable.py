@@ -44,7 +44,8 @@ def test_dtype_is_inferred_as_jax_infers_it(initial_value, expected_dtype):
         ([1, 2], "float16", np.array([1.0, 2.0], np.float16)),
         (1.0, jnp.bfloat16, jnp.bfloat16(1.0)),
         (2.0, jnp.complex64, np.complex64(2.0)),
-        ([0, 3], jnp.bool_, np.array([False, True])),
+        ([False, True], jnp.bool_, np.array([False, True])),
+        (np.array([1, 2], np.int64), jnp.int8, np.array([1, 2], np.int8)),
     ],
 )
 def test_dtype_argument_overrides_inference(initial_value, dtype, expected):
@@ -52,6 +53,23 @@ def test_dtype_argument_overrides_inference(initial_value, dtype, expected):
 
     assert v.dtype == jnp.dtype(dtype)
     np.testing.assert_array_equal(np.asarray(v), expected)
+
+
+@pytest.mark.parametrize(
+    ("initial_value", "dtype", "match"),
+    [
+        (1.5, jnp.int32, r"Variable 'v' with dtype int32 from 1.5: floating values cannot"),
+        ([1.0, 2.5], jnp.int32, r"floating into integer"),
+        ([0, 3], jnp.bool_, r"integer into bool"),
+        (1 + 2j, jnp.float32, r"complex into floating"),
+        (300, jnp.int8, r"Variable 'v': 300 is out of range for dtype int8"),
+        ([1, 300], jnp.int8, r"Variable 'v': \[1, 300\] is out of range for dtype int8"),
+        (2**40, None, r"Variable 'v': 1099511627776 is out of range for dtype int32"),
+    ],
+)
+def test_dtype_argument_refuses_lossy_conversions(initial_value, dtype, match):
+    with pytest.raises(statevar.DtypeMismatchError, match=match):
+        statevar.Variable(initial_value, dtype=dtype, name="v")
 
 
 def test_python_scalars_give_a_strongly_typed_value():
@@ -502,3 +520,10 @@ def test_creating_a_variable_from_a_tracer_raises(transform):
         match=r"Cannot create Variable 'inner' from a traced value inside a JAX transformation",
     ):
         transform(make)(jnp.ones(()) if transform is not jax.vmap else jnp.ones(3))
+
+
+def test_an_unknown_dtype_is_refused():
+    with pytest.raises(
+        statevar.DtypeMismatchError, match="Cannot create Variable 'v' with dtype 'banana'"
+    ):
+        statevar.Variable(1.0, dtype="banana", name="v")
