@@ -52,11 +52,11 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         tree = variable_tree(wrt, "statevar.grad's wrt")
         leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_variable)
-        lifted = list(dict.fromkeys(v for v in leaves if _is_differentiable(v)))
+        lifted = list(dict.fromkeys(v for v in leaves if is_differentiable(v)))
 
         def pure(primals: list[jax.Array]) -> Any:
             with _trace.Frame("grad", dict(zip(lifted, primals, strict=True))):
-                return fn(*args, **kwargs)
+                return read_variables(fn(*args, **kwargs))
 
         value, gradients = jax.value_and_grad(pure, has_aux=has_aux)([v._read() for v in lifted])
         by_variable = dict(zip(lifted, gradients, strict=True))
@@ -89,5 +89,13 @@ def grad(fn: Callable, wrt: Any) -> Callable:
     return wrapped
 
 
-def _is_differentiable(v: Variable) -> bool:
+def is_differentiable(v: Variable) -> bool:
+    """Whether `statevar.grad` differentiates with respect to ``v``: trainable and inexact."""
     return v.trainable and jnp.issubdtype(v.dtype, jnp.inexact)
+
+
+def read_variables(tree: Any) -> Any:
+    """Replaces every Variable in ``tree`` by its current (possibly traced) value."""
+    return jax.tree.map(
+        lambda x: x._read() if isinstance(x, Variable) else x, tree, is_leaf=_is_variable
+    )

@@ -13,10 +13,9 @@ import numpy as np
 
 from . import _trace, _update, _variable
 from ._errors import StatevarError, TraceContextError
+from ._grad import read_variables
 from ._module import Module
-from ._variable import Variable
-
-_Tracer = jax.core.Tracer
+from ._variable import Variable, _Tracer
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
@@ -233,9 +232,7 @@ class JitFunction:
                         leaves.append(next(remaining))
                 args, kwargs = treedef.unflatten(leaves)
                 result = fn(*args, **kwargs)
-                result = jax.tree.map(
-                    lambda x: x._read() if isinstance(x, Variable) else x, result, is_leaf=_is_state
-                )
+                result = read_variables(result)
             entry.unlifted = tuple(frame.unlifted)
             owners = (*lifted, *(v for v in frame.written if v not in lifted_set))
             return result, _NewValues(_Identity(owners), [frame.values[v] for v in owners])
@@ -274,7 +271,9 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     Variables a function reaches through globals, closures, functions it calls from its own
     module and the Modules and Optimizers those hold are found before the first trace. A
     variable reached any other way is found while tracing: that first call uses its current
-    value and the next call traces once more to lift it.
+    value and the next call traces once more to lift it. As with ``tf.function``, captured
+    variables are bound when the function is traced: rebinding a global name to a new
+    Variable afterwards is not seen (pass it as an argument instead).
 
     Args:
       fn: the function. Its arguments may hold Variables, Modules, arrays and Python
@@ -290,13 +289,14 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
       TraceContextError: if ``fn`` creates a Variable.
 
     Example:
+      >>> import jax.numpy as jnp
       >>> import statevar
       >>> total = statevar.Variable(0.0)
       >>> @statevar.jit
       ... def accumulate(x):
       ...     total.assign_add(x.sum())
       ...     return total.value * 2
-      >>> accumulate(jax.numpy.ones(3))
+      >>> accumulate(jnp.ones(3))
       Array(6., dtype=float32)
       >>> total
       <Variable 'Variable' shape=() dtype=float32, numpy=3.0>

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from . import _trace
+from ._grad import is_differentiable
 from ._jit import jit
 from ._module import _is_variable, variable_tree
 from ._variable import Variable
@@ -52,9 +53,7 @@ class Optimizer:
             variable_tree(variables, "the Optimizer's variables"), is_leaf=_is_variable
         )
         self._leaves = tuple(leaves)
-        self._params = tuple(
-            dict.fromkeys(v for v in leaves if v.trainable and jnp.issubdtype(v.dtype, jnp.inexact))
-        )
+        self._params = tuple(dict.fromkeys(v for v in leaves if is_differentiable(v)))
         state = tx.init([v.value for v in self._params])
         state_leaves, self._state_treedef = jax.tree.flatten(state)
         self._state = tuple(
@@ -85,7 +84,8 @@ class Optimizer:
         Args:
           grads: gradients mirroring the ``variables`` given at construction, as
             `statevar.grad` returns them; None (a non-trainable slot, or no gradient)
-            leaves that variable unchanged.
+            leaves that variable unchanged, while its optimizer state is updated as for a
+            zero gradient (decaying Adam's moments, for example).
 
         Raises:
           ValueError: if ``grads`` is structured differently or a gradient's shape does not

@@ -91,15 +91,12 @@ def read(var: Variable) -> Any | None:
     return None
 
 
-def write(var: Variable, value: Any, operation: str) -> bool:
-    """Records an assignment made while tracing; returns False when no frame is open.
+def write(frame: Frame, var: Variable, value: Any, operation: str) -> None:
+    """Records an assignment to ``var`` made while ``frame`` traces.
 
     Raises:
       TraceContextError: inside `statevar.grad`, which differentiates a pure function.
     """
-    frame = innermost()
-    if frame is None:
-        return False
     if frame.kind == "grad":
         raise TraceContextError(
             f"Cannot {operation} Variable '{var.name}' inside statevar.grad: the "
@@ -108,7 +105,6 @@ def write(var: Variable, value: Any, operation: str) -> bool:
         )
     frame.values[var] = value
     frame.written[var] = None
-    return True
 
 
 def check_creation(name: str) -> None:

@@ -429,12 +429,14 @@ class Variable:
         return value
 
     def _update(self, operation: str, *operands: Any) -> Variable:
-        if _trace.any_open() and _trace.innermost() is not None:
+        frame = _trace.innermost() if _trace.any_open() else None
+        if frame is not None:
+            # While statevar.jit or statevar.grad traces: record the new traced value.
             old = _trace.read(self) if operation != "assign" else None
             if old is None:
                 old = self._value
             new = _update.PURE[operation](old, *operands)
-            _trace.write(self, new, _PHRASES[operation])
+            _trace.write(frame, self, new, _PHRASES[operation])
             return self
         donating, copying = _UPDATES[operation]
         with _state_lock:

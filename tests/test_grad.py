@@ -160,3 +160,9 @@ def test_module_gradients_keep_the_module_order():
     model = Linear()
     grads = statevar.grad(lambda: jnp.sum(model(X)), model)()
     assert list(grads) == list(model.named_variables()) == ["kernel", "bias", "calls"]
+
+
+def test_a_function_may_return_a_variable():
+    w = statevar.Variable(3.0)
+    value, grad = statevar.value_and_grad(lambda: w, w)()
+    chex.assert_trees_all_close((value, grad), (3.0, 1.0))
