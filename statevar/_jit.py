@@ -18,6 +18,9 @@ from ._module import Module
 from ._variable import Variable, _Tracer
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+# The exact types of the concrete (non-tracer) array arguments seen so far; the fast path of
+# a call accepts arguments of these types only.
+_CONCRETE_TYPES: set[type] = {np.ndarray, bool, int, float, complex}
 
 
 def _is_state(x: Any) -> bool:
@@ -122,8 +125,9 @@ class JitFunction:
         if _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
-        if not kwargs and not self._has_static and all(isinstance(a, _ARRAY_TYPES) for a in args):
-            # Fast path for the common step(x, y): only arrays, so the key needs no flatten.
+        if not kwargs and not self._has_static and set(map(type, args)) <= _CONCRETE_TYPES:
+            # Fast path for the common step(x, y): only concrete arrays and scalars, so the
+            # key needs no flatten and no argument can be a tracer.
             entry = self._entries.get(len(args))
             if entry is not None:
                 return self._run(len(args), entry, list(args))
@@ -132,6 +136,9 @@ class JitFunction:
         dynamic, arg_variables, fixed = [], [], []
         for position, leaf in enumerate(leaves):
             if isinstance(leaf, _ARRAY_TYPES) and not self._is_static(treedef, position):
+                if isinstance(leaf, _Tracer):
+                    raise self._under_transformation()
+                _CONCRETE_TYPES.add(type(leaf))
                 dynamic.append(leaf)
                 continue
             if isinstance(leaf, Variable):
@@ -155,8 +162,7 @@ class JitFunction:
         return self._run(key, entry, dynamic)
 
     def _run(self, key: Any, entry: _Entry, dynamic: list[Any]) -> Any:
-        if any(isinstance(x, _Tracer) for x in dynamic):
-            raise self._under_transformation()
+        """Calls ``entry`` on concrete arguments, donating and replacing the variables' arrays."""
         if entry.epoch != _variable.trainable_epoch[0]:
             if tuple(v._trainable for v in entry.lifted) != entry.flags:
                 entry = self._entries[key] = self._compile(entry_split(entry), entry.extra)
@@ -174,7 +180,9 @@ class JitFunction:
                         f"{', '.join(repr(name) for name in lost)}"
                     ) from error
                 raise
-            if any(isinstance(x, _Tracer) for x in new.values):
+            if new.values and isinstance(new.values[0], _Tracer):
+                # Called inside jax.jit without traced arguments: the whole call was traced
+                # (nothing ran, nothing was donated), so every value is a tracer.
                 raise self._under_transformation()
             for variable, value in zip(new.owners.variables, new.values, strict=True):
                 variable._value = value
