@@ -27,31 +27,6 @@ def _is_state(x: Any) -> bool:
     return isinstance(x, (Variable, Module))
 
 
-class _Identity:
-    """Wraps the output variables as pytree aux data compared by identity."""
-
-    __slots__ = ("variables",)
-
-    def __init__(self, variables: tuple[Variable, ...]):
-        self.variables = variables
-
-
-class _NewValues:
-    """The new values of the variables a traced call assigned, as a pytree."""
-
-    __slots__ = ("owners", "values")
-
-    def __init__(self, owners: _Identity, values: list):
-        self.owners, self.values = owners, values
-
-
-jax.tree_util.register_pytree_node(
-    _NewValues,
-    lambda n: (n.values, n.owners),
-    lambda owners, values: _NewValues(owners, list(values)),
-)
-
-
 class _Entry:
     """One compiled form of the function: the variables it lifts and its `jax.jit`."""
 
@@ -59,6 +34,7 @@ class _Entry:
         "lifted",
         "jitted",
         "unlifted",
+        "written_unlifted",
         "treedef",
         "fixed",
         "arg_variables",
@@ -70,7 +46,10 @@ class _Entry:
     def __init__(self, lifted: tuple[Variable, ...], jitted: Callable, split: tuple, extra: tuple):
         self.lifted = lifted
         self.jitted = jitted
+        # Set while tracing: variables read or assigned that were not lifted (to lift on the
+        # next call), and those of them assigned (whose new values the call returns).
         self.unlifted: tuple[Variable, ...] = ()
+        self.written_unlifted: tuple[Variable, ...] = ()
         # How the call's arguments were split; ``fixed`` also keeps the objects whose ids
         # make up this entry's key alive, so the ids are not reused.
         self.treedef, self.fixed, self.arg_variables = split
@@ -122,7 +101,7 @@ class JitFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _trace.innermost() is not None:
+        if _trace.any_open() and _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
         if not kwargs and not self._has_static and set(map(type, args)) <= _CONCRETE_TYPES:
@@ -170,7 +149,7 @@ class JitFunction:
         with _update.state_lock:
             arrays = _update.exclusive_or_copies([v._value for v in entry.lifted])
             try:
-                result, new = entry.jitted(arrays, dynamic)
+                result, values, extra = entry.jitted(arrays, dynamic)
             except Exception as error:
                 lost = [v.name for v, a in zip(entry.lifted, arrays, strict=True) if a.is_deleted()]
                 if lost:
@@ -180,15 +159,19 @@ class JitFunction:
                         f"{', '.join(repr(name) for name in lost)}"
                     ) from error
                 raise
-            if new.values and isinstance(new.values[0], _Tracer):
+            probe = values[0] if values else extra[0] if extra else None
+            if isinstance(probe, _Tracer):
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer.
                 raise self._under_transformation()
-            for variable, value in zip(new.owners.variables, new.values, strict=True):
+            for variable, value in zip(entry.lifted, values, strict=True):
                 variable._value = value
+            if extra:
+                for variable, value in zip(entry.written_unlifted, extra, strict=True):
+                    variable._value = value
         if entry.unlifted:
-            # The trace read variables it could not see beforehand (their current values
-            # were used); lift them from the next call on.
+            # The trace touched variables it could not see beforehand (reads used their
+            # current values); lift them from the next call on.
             self._entries[key] = self._compile(entry_split(entry), (*entry.extra, *entry.unlifted))
         return result
 
@@ -241,9 +224,14 @@ class JitFunction:
                 args, kwargs = treedef.unflatten(leaves)
                 result = fn(*args, **kwargs)
                 result = read_variables(result)
-            entry.unlifted = tuple(frame.unlifted)
-            owners = (*lifted, *(v for v in frame.written if v not in lifted_set))
-            return result, _NewValues(_Identity(owners), [frame.values[v] for v in owners])
+            written = tuple(v for v in frame.written if v not in lifted_set)
+            entry.unlifted = (*frame.unlifted, *written)
+            entry.written_unlifted = written
+            return (
+                result,
+                [frame.values[v] for v in lifted],
+                [frame.values[v] for v in written],
+            )
 
         entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), split, extra)
         return entry

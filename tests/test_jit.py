@@ -430,3 +430,23 @@ def test_calling_a_statevar_jit_function_inside_jax_jit_is_a_clear_error():
     ):
         jax.jit(bump)(1.0)
     assert float(v) == 0.0 and not isinstance(v._value, jax.core.Tracer)
+
+
+def test_a_variable_only_assigned_and_found_while_tracing_gets_its_value():
+    class Holder:  # a plain object: statevar cannot see inside before tracing
+        def __init__(self):
+            self.v = statevar.Variable(0.0)
+
+    holder = Holder()
+    hidden = {"holder": holder}
+    traces = []
+
+    @statevar.jit
+    def write(x):
+        traces.append(1)
+        hidden["holder"].v.assign(x)
+
+    for value in (1.0, 2.0, 3.0):
+        write(jnp.float32(value))
+        assert float(holder.v) == value
+    assert len(traces) == 2
