@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any
 
@@ -11,45 +10,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _placement, _trace, _update
-from ._errors import DtypeMismatchError, ShapeMismatchError, TraceContextError
+from ._convert import (
+    PHRASES,
+    check_initial_conversion,
+    convert_for_update,
+    family,
+    is_concrete_array,
+    short_repr,
+)
+from ._errors import DtypeMismatchError, TraceContextError
 
 _Tracer = jax.core.Tracer
-
-# Dtype families, ordered so that a value converts safely into its own family or a later one.
-_BOOL, _INT, _FLOAT, _COMPLEX = range(4)
-_FAMILY_NAMES = {_BOOL: "bool", _INT: "integer", _FLOAT: "floating", _COMPLEX: "complex"}
-_PYTHON_SCALARS = {bool: _BOOL, int: _INT, float: _FLOAT, complex: _COMPLEX}
-_PYTHON_SCALAR_DTYPES = {bool: "bool", int: "int", float: "float", complex: "complex"}
-_FAMILY_TYPES = {family: kind for kind, family in _PYTHON_SCALARS.items()}
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-_PHRASES = {
-    "assign": "assign to",
-    "assign_add": "assign_add to",
-    "assign_sub": "assign_sub to",
-    "setitem": "set an item of",
-    "setmask": "set an item of",
-}
-
-
-@functools.cache
-def _family(dtype: np.dtype) -> int | None:
-    if dtype == np.bool_:
-        return _BOOL
-    for family, kind in (
-        (_INT, jnp.integer),
-        (_FLOAT, jnp.floating),
-        (_COMPLEX, jnp.complexfloating),
-    ):
-        if jnp.issubdtype(dtype, kind):
-            return family
-    return None
-
-
-@functools.cache
-def _integer_range(dtype: np.dtype) -> tuple[int, int]:
-    info = jnp.iinfo(dtype)
-    return int(info.min), int(info.max)
-
 
 # Bound once: the eager update is a hot path.
 _UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
@@ -58,17 +29,6 @@ _settings = _placement._settings
 
 # Counts changes of any variable's trainable flag; `statevar.jit` keys its traces on it.
 trainable_epoch = [0]
-
-
-def _holds_range_of(dtype: np.dtype, other: np.dtype) -> bool:
-    """Whether integer ``dtype`` holds every value of integer ``other``."""
-    smallest, largest = _integer_range(dtype)
-    other_smallest, other_largest = _integer_range(other)
-    return smallest <= other_smallest and other_largest <= largest
-
-
-def _is_concrete_array(x: Any) -> bool:
-    return isinstance(x, jax.Array) and not isinstance(x, _Tracer)
 
 
 def _default_device() -> jax.Device:
@@ -141,20 +101,20 @@ class Variable:
                 raise DtypeMismatchError(
                     f"Cannot create Variable '{label}' with dtype {dtype!r}: {error}"
                 ) from None
-            _check_initial_conversion(initial_value, requested, label)
+            check_initial_conversion(initial_value, requested, label)
         try:
             value = jnp.array(initial_value, dtype=dtype, copy=True)
         except OverflowError:
             raise DtypeMismatchError(
-                f"Cannot create Variable '{label}': {_short(initial_value)} is out of range "
+                f"Cannot create Variable '{label}': {short_repr(initial_value)} is out of range "
                 f"for dtype {jnp.dtype(dtype) if dtype is not None else 'int32'}"
             ) from None
         except (TypeError, ValueError) as error:
             raise DtypeMismatchError(
                 f"Cannot create Variable '{label}' from {type(initial_value).__name__} "
-                f"{_short(initial_value)}: {error}"
+                f"{short_repr(initial_value)}: {error}"
             ) from error
-        if _family(value.dtype) is None:
+        if family(value.dtype) is None:
             raise DtypeMismatchError(
                 f"Cannot create Variable '{label}' with dtype {value.dtype}: expected a "
                 "bool, integer, floating or complex dtype"
@@ -272,21 +232,21 @@ class Variable:
           TypeError: if the conversion would lose information (1.5 into int32).
           ValueError: if the value does not broadcast to the variable's shape.
         """
-        return self._update("assign", self._check(value, "assign"))
+        return self._update("assign", convert_for_update(value, self, "assign"))
 
     def assign_add(self, delta: jax.typing.ArrayLike | Variable) -> Variable:
         """Adds ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
         """
-        return self._update("assign_add", self._check(delta, "assign_add"))
+        return self._update("assign_add", convert_for_update(delta, self, "assign_add"))
 
     def assign_sub(self, delta: jax.typing.ArrayLike | Variable) -> Variable:
         """Subtracts ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
         """
-        return self._update("assign_sub", self._check(delta, "assign_sub"))
+        return self._update("assign_sub", convert_for_update(delta, self, "assign_sub"))
 
     def __setitem__(self, index: Any, value: jax.typing.ArrayLike | Variable) -> None:
         """Sets ``self[index]`` to ``value`` in place (``v[index] = value``).
@@ -305,7 +265,9 @@ class Variable:
             and np.shape(_operand(value)) == ()
         ):
             # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
-            self._update("setmask", self._check(value, "setitem", target_shape=()), index)
+            self._update(
+                "setmask", convert_for_update(value, self, "setitem", target_shape=()), index
+            )
             return
         static, dynamic = _update.split_index(index)
         if not any(isinstance(part, _Tracer) for part in dynamic):
@@ -318,7 +280,7 @@ class Variable:
                 ].shape
             except IndexError as error:
                 raise IndexError(
-                    f"Cannot set Variable '{self.name}'[{_short(index)}]: {error} "
+                    f"Cannot set Variable '{self.name}'[{short_repr(index)}]: {error} "
                     f"(the variable's shape is {self.shape})"
                 ) from None
             # A jitted update cannot take a boolean mask (the selection's shape would depend
@@ -328,105 +290,8 @@ class Variable:
             target = jax.eval_shape(
                 lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)
             ).shape
-        value = self._check(value, "setitem", target_shape=target)
+        value = convert_for_update(value, self, "setitem", target_shape=target)
         self._update("setitem", value, dynamic, static)
-
-    def _check(
-        self, value: Any, operation: str, target_shape: tuple[int, ...] | None = None
-    ) -> Any:
-        """Validates ``value`` for an update, before anything is donated; returns it ready
-        for the jitted update."""
-        source = _PYTHON_SCALARS.get(type(value))
-        if source is not None and target_shape is None:
-            # Fast path for the common assign_add(1.0): a Python scalar that converts safely.
-            target = _family(self._value.dtype)
-            if (source == target or _BOOL < source < target) and (
-                source != _INT or _fits_weakly(value, self._value.dtype)
-            ):
-                return value
-        elif target_shape is None and _is_concrete_array(value):
-            # Fast path for an array of the variable's own dtype, shape and placement.
-            own = self._value
-            if (
-                value.dtype == own.dtype
-                and value.shape == own.shape
-                and (not value.committed or value.sharding == own.sharding)
-            ):
-                return value
-        operation = _PHRASES[operation]
-        if isinstance(value, Variable):
-            value = value._read()
-        if isinstance(value, (jax.Array, np.ndarray, np.generic)):
-            source, shape = _family(value.dtype), value.shape
-            described = value.dtype
-            if isinstance(value, _Tracer) and _trace.innermost() is None:
-                raise TraceContextError(
-                    f"Cannot {operation} Variable '{self.name}' inside jax.jit, jax.grad or "
-                    "another JAX transformation: the variable would keep a tracer. Use "
-                    "statevar.jit and statevar.grad, which carry the update out of the trace."
-                )
-        elif type(value) in _PYTHON_SCALARS:
-            source, shape = _PYTHON_SCALARS[type(value)], ()
-            described = _PYTHON_SCALAR_DTYPES[type(value)]
-        else:
-            try:
-                array = np.asarray(value)
-            except (TypeError, ValueError):
-                array = np.asarray(None)
-            if _family(array.dtype) is None:
-                raise DtypeMismatchError(
-                    f"Cannot {operation} Variable '{self.name}': expected a numeric value "
-                    f"convertible to {self.dtype}, got {type(value).__name__} {_short(value)}"
-                )
-            value, source, shape, described = array, _family(array.dtype), array.shape, array.dtype
-            if array.dtype == np.float64 or array.dtype == np.int64:
-                # Python numbers in a list are weakly typed, as in JAX.
-                described = f"Python {_PYTHON_SCALAR_DTYPES[_FAMILY_TYPES[source]]}s"
-        target = _family(self.dtype)
-        if source is None or not (source == target or _BOOL < source < target):
-            raise DtypeMismatchError(
-                f"Cannot {operation} Variable '{self.name}': a value of dtype {described} "
-                f"cannot be converted safely to the variable's dtype {self.dtype}"
-                + (
-                    ""
-                    if source is None
-                    else f" ({_FAMILY_NAMES[source]} into {_FAMILY_NAMES[target]})"
-                )
-            )
-        if source == _INT and target == _INT and _is_concrete_array(value):
-            if not _holds_range_of(self.dtype, value.dtype) and value.size:
-                # A device array narrowing into a smaller integer dtype: check its range.
-                low, high = int(value.min()), int(value.max())
-                smallest, largest = _integer_range(self.dtype)
-                if low < smallest or high > largest:
-                    raise DtypeMismatchError(
-                        f"Cannot {operation} Variable '{self.name}': a value of dtype "
-                        f"{described} (from {low} to {high}) is out of range for the "
-                        f"variable's dtype {self.dtype}"
-                    )
-        if source == _INT and not isinstance(value, jax.Array):
-            converted = _convert_host_integers(value, self.dtype)
-            if converted is None:
-                raise DtypeMismatchError(
-                    f"Cannot {operation} Variable '{self.name}': a value of dtype {described} "
-                    f"({_short(value)}) is out of range for the variable's dtype {self.dtype}"
-                )
-            value = converted
-        expected = self.shape if target_shape is None else target_shape
-        if shape != expected:
-            try:
-                fits = np.broadcast_shapes(shape, expected) == expected
-            except ValueError:
-                fits = False
-            if not fits:
-                raise ShapeMismatchError(
-                    f"Cannot {operation} Variable '{self.name}': shape {shape} does not match "
-                    f"the {'variable' if target_shape is None else 'indexed part'}'s shape "
-                    f"{expected}"
-                )
-        if _is_concrete_array(value) and value.sharding != self._value.sharding:
-            value = jax.device_put(value, self._value.sharding)
-        return value
 
     def _update(self, operation: str, *operands: Any) -> Variable:
         frame = _trace.innermost() if _trace.any_open() else None
@@ -436,7 +301,7 @@ class Variable:
             if old is None:
                 old = self._value
             new = _update.PURE[operation](old, *operands)
-            _trace.write(frame, self, new, _PHRASES[operation])
+            _trace.write(frame, self, new, PHRASES[operation])
             return self
         donating, copying = _UPDATES[operation]
         with _state_lock:
@@ -446,7 +311,7 @@ class Variable:
             # donated then); storing its tracer would leak it out of the trace.
             if isinstance(new, _Tracer):
                 raise TraceContextError(
-                    f"Cannot {_PHRASES[operation]} Variable '{self.name}' inside jax.jit or "
+                    f"Cannot {PHRASES[operation]} Variable '{self.name}' inside jax.jit or "
                     "another JAX transformation: use statevar.jit, which carries the update out "
                     "of the trace."
                 )
@@ -529,70 +394,8 @@ def _unwrap(index: Any) -> Any:
     return index
 
 
-def _check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) -> None:
-    """Refuses an explicit ``dtype=`` that ``initial_value`` does not convert to safely,
-    by the rules `Variable.assign` applies."""
-    source = _PYTHON_SCALARS.get(type(initial_value))
-    if source is None:
-        source_dtype = getattr(initial_value, "dtype", None)
-        if source_dtype is None:
-            source_dtype = np.asarray(initial_value).dtype
-        source = _family(np.dtype(source_dtype))
-    target = _family(dtype)
-    if (
-        source is not None
-        and target is not None
-        and not (source == target or _BOOL < source < target)
-    ):
-        raise DtypeMismatchError(
-            f"Cannot create Variable '{label}' with dtype {dtype} from "
-            f"{_short(initial_value)}: {_FAMILY_NAMES[source]} values cannot be converted "
-            f"safely to {dtype} ({_FAMILY_NAMES[source]} into {_FAMILY_NAMES[target]})"
-        )
-    if source == _INT and target == _INT and not _is_concrete_array(initial_value):
-        host = initial_value if isinstance(initial_value, int) else np.asarray(initial_value)
-        if _convert_host_integers(host, dtype) is None:
-            raise DtypeMismatchError(
-                f"Cannot create Variable '{label}': {_short(initial_value)} is out of range "
-                f"for dtype {dtype}"
-            )
-
-
-def _fits_weakly(value: int, dtype: np.dtype) -> bool:
-    """Whether a Python int can enter a jitted update as it is (a weak int32) and fit ``dtype``."""
-    if not _INT32_MIN <= value <= _INT32_MAX:
-        return False
-    if _family(dtype) != _INT:
-        return True
-    smallest, largest = _integer_range(dtype)
-    return smallest <= value <= largest
-
-
-def _convert_host_integers(value: int | np.ndarray | np.generic, dtype: np.dtype) -> Any:
-    """Converts a Python int or NumPy integers to ``dtype`` on the host; None if out of range.
-
-    Converting on the host keeps every value exact that ``dtype`` can hold: on its way into
-    a jitted update a Python int becomes a weakly typed int32 (which overflows past 2**31)
-    and NumPy int64 becomes int32 with x64 off (which wraps), and the conversion to an
-    integer dtype wraps too (300 into int8 would give 44).
-    """
-    if _family(dtype) == _INT:
-        smallest, largest = _integer_range(dtype)
-        if isinstance(value, int):
-            low = high = value
-        else:
-            low, high = (value.min(), value.max()) if value.size else (0, 0)
-        if low < smallest or high > largest:
-            return None
-    try:
-        with np.errstate(over="raise"):
-            return np.asarray(value, dtype=dtype)
-    except (OverflowError, FloatingPointError):
-        return None
-
-
 def _is_mask(part: Any) -> bool:
-    is_array = _is_concrete_array(part) or isinstance(part, np.ndarray)
+    is_array = is_concrete_array(part) or isinstance(part, np.ndarray)
     return is_array and part.dtype == np.bool_ and part.ndim > 0
 
 
@@ -608,17 +411,12 @@ def _masks_to_indices(index: Any) -> Any:
     )
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _colocate(a: Any, b: Any) -> tuple[Any, Any]:
     """Moves concrete operands to the device scope's device, or ``b`` to ``a``'s device."""
     scope = _placement.current_device()
     if scope is not None:
-        return tuple(jax.device_put(x, scope) if _is_concrete_array(x) else x for x in (a, b))
-    if _is_concrete_array(a) and _is_concrete_array(b) and a.sharding != b.sharding and b.committed:
+        return tuple(jax.device_put(x, scope) if is_concrete_array(x) else x for x in (a, b))
+    if is_concrete_array(a) and is_concrete_array(b) and a.sharding != b.sharding and b.committed:
         b = jax.device_put(b, a.sharding)
     return a, b
 

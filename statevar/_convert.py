@@ -1,0 +1,274 @@
+"""Dtype conversion rules: which values a variable accepts, and how they are converted.
+
+A value converts safely into a variable when its dtype family (bool, integer, floating,
+complex) is the variable's or a later one, bool excepted, and when integers fit the
+variable's integer range. The same rules apply to an explicit ``dtype=`` at creation and to
+every update; a rejected value raises before anything is donated.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _trace
+from ._errors import DtypeMismatchError, ShapeMismatchError, TraceContextError
+
+if TYPE_CHECKING:
+    from ._variable import Variable
+
+_Tracer = jax.core.Tracer
+
+# Dtype families, ordered so that a value converts safely into its own family or a later one.
+BOOL, INT, FLOAT, COMPLEX = range(4)
+FAMILY_NAMES = {BOOL: "bool", INT: "integer", FLOAT: "floating", COMPLEX: "complex"}
+PYTHON_SCALARS = {bool: BOOL, int: INT, float: FLOAT, complex: COMPLEX}
+PYTHON_SCALAR_DTYPES = {bool: "bool", int: "int", float: "float", complex: "complex"}
+_FAMILY_TYPES = {family: kind for kind, family in PYTHON_SCALARS.items()}
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+# How messages name each update.
+PHRASES = {
+    "assign": "assign to",
+    "assign_add": "assign_add to",
+    "assign_sub": "assign_sub to",
+    "setitem": "set an item of",
+    "setmask": "set an item of",
+}
+
+
+@functools.cache
+def family(dtype: np.dtype) -> int | None:
+    """Returns the family (`BOOL`, `INT`, `FLOAT` or `COMPLEX`) of ``dtype``; None if other."""
+    if dtype == np.bool_:
+        return BOOL
+    for found, kind in (
+        (INT, jnp.integer),
+        (FLOAT, jnp.floating),
+        (COMPLEX, jnp.complexfloating),
+    ):
+        if jnp.issubdtype(dtype, kind):
+            return found
+    return None
+
+
+@functools.cache
+def integer_range(dtype: np.dtype) -> tuple[int, int]:
+    """Returns the smallest and largest values of integer ``dtype``."""
+    info = jnp.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def holds_range_of(dtype: np.dtype, other: np.dtype) -> bool:
+    """Whether integer ``dtype`` holds every value of integer ``other``."""
+    smallest, largest = integer_range(dtype)
+    other_smallest, other_largest = integer_range(other)
+    return smallest <= other_smallest and other_largest <= largest
+
+
+def is_concrete_array(x: Any) -> bool:
+    """Whether ``x`` is a `jax.Array` holding data, not a tracer."""
+    return isinstance(x, jax.Array) and not isinstance(x, _Tracer)
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """Returns ``repr(value)``, cut to ``limit`` characters for messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def fits_weakly(value: int, dtype: np.dtype) -> bool:
+    """Whether a Python int can enter a jitted update as it is (a weak int32) and fit ``dtype``."""
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        return False
+    if family(dtype) != INT:
+        return True
+    smallest, largest = integer_range(dtype)
+    return smallest <= value <= largest
+
+
+def convert_host_integers(value: int | np.ndarray | np.generic, dtype: np.dtype) -> Any:
+    """Converts a Python int or NumPy integers to ``dtype`` on the host; None if out of range.
+
+    Converting on the host keeps every value exact that ``dtype`` can hold: on its way into
+    a jitted update a Python int becomes a weakly typed int32 (which overflows past 2**31)
+    and NumPy int64 becomes int32 with x64 off (which wraps), and the conversion to an
+    integer dtype wraps too (300 into int8 would give 44).
+    """
+    if family(dtype) == INT:
+        smallest, largest = integer_range(dtype)
+        if isinstance(value, int):
+            low = high = value
+        else:
+            low, high = (value.min(), value.max()) if value.size else (0, 0)
+        if low < smallest or high > largest:
+            return None
+    try:
+        with np.errstate(over="raise"):
+            return np.asarray(value, dtype=dtype)
+    except (OverflowError, FloatingPointError):
+        return None
+
+
+def check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) -> None:
+    """Refuses an explicit ``dtype=`` that ``initial_value`` does not convert to safely,
+    by the rules `Variable.assign` applies.
+
+    Args:
+      initial_value: the value a Variable is created from.
+      dtype: the dtype asked for.
+      label: the variable's name, for messages.
+
+    Raises:
+      DtypeMismatchError: if the conversion would lose information.
+    """
+    source = PYTHON_SCALARS.get(type(initial_value))
+    if source is None:
+        source_dtype = getattr(initial_value, "dtype", None)
+        if source_dtype is None:
+            source_dtype = np.asarray(initial_value).dtype
+        source = family(np.dtype(source_dtype))
+    target = family(dtype)
+    if (
+        source is not None
+        and target is not None
+        and not (source == target or BOOL < source < target)
+    ):
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' with dtype {dtype} from "
+            f"{short_repr(initial_value)}: {FAMILY_NAMES[source]} values cannot be converted "
+            f"safely to {dtype} ({FAMILY_NAMES[source]} into {FAMILY_NAMES[target]})"
+        )
+    if source == INT and target == INT and not is_concrete_array(initial_value):
+        host = initial_value if isinstance(initial_value, int) else np.asarray(initial_value)
+        if convert_host_integers(host, dtype) is None:
+            raise DtypeMismatchError(
+                f"Cannot create Variable '{label}': {short_repr(initial_value)} is out of range "
+                f"for dtype {dtype}"
+            )
+
+
+def convert_for_update(
+    value: Any,
+    variable: Variable,
+    operation: str,
+    target_shape: tuple[int, ...] | None = None,
+) -> Any:
+    """Validates ``value`` for an update of a variable, before anything is donated; returns it
+    ready for the jitted update.
+
+    Does not donate: the variable's array and ``value`` stay valid. A concrete array on
+    another device is copied to the variable's sharding.
+
+    Args:
+      value: the value or delta; a Variable is read into its array.
+      variable: the variable to update; gives the dtype, shape and sharding to meet.
+      operation: the update, a key of `PHRASES`.
+      target_shape: the shape of the indexed part for ``v[index] = value``; None for the
+        whole variable.
+
+    Returns:
+      ``value`` itself when it can enter the update as it is, else converted: host integers
+      to the variable's dtype, a concrete array to the variable's sharding.
+
+    Raises:
+      DtypeMismatchError: if the value is not numeric, or the conversion would lose
+        information (a float into int32, 300 into int8).
+      ShapeMismatchError: if the value does not broadcast to the variable's shape (or the
+        indexed part's).
+      TraceContextError: if the value is a tracer outside `statevar.jit` and `statevar.grad`.
+    """
+    # The variable's array rather than its properties: the fast paths are the eager hot path.
+    current = variable._value
+    source = PYTHON_SCALARS.get(type(value))
+    if source is not None and target_shape is None:
+        # Fast path for the common assign_add(1.0): a Python scalar that converts safely.
+        target = family(current.dtype)
+        if (source == target or BOOL < source < target) and (
+            source != INT or fits_weakly(value, current.dtype)
+        ):
+            return value
+    elif target_shape is None and is_concrete_array(value):
+        # Fast path for an array of the variable's own dtype, shape and placement.
+        if (
+            value.dtype == current.dtype
+            and value.shape == current.shape
+            and (not value.committed or value.sharding == current.sharding)
+        ):
+            return value
+    # Imported here: `_variable` imports this module.
+    from ._variable import Variable
+
+    operation, name, dtype = PHRASES[operation], variable.name, current.dtype
+    if isinstance(value, Variable):
+        value = value._read()
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        source, shape = family(value.dtype), value.shape
+        described = value.dtype
+        if isinstance(value, _Tracer) and _trace.innermost() is None:
+            raise TraceContextError(
+                f"Cannot {operation} Variable '{name}' inside jax.jit, jax.grad or "
+                "another JAX transformation: the variable would keep a tracer. Use "
+                "statevar.jit and statevar.grad, which carry the update out of the trace."
+            )
+    elif type(value) in PYTHON_SCALARS:
+        source, shape = PYTHON_SCALARS[type(value)], ()
+        described = PYTHON_SCALAR_DTYPES[type(value)]
+    else:
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError):
+            array = np.asarray(None)
+        if family(array.dtype) is None:
+            raise DtypeMismatchError(
+                f"Cannot {operation} Variable '{name}': expected a numeric value "
+                f"convertible to {dtype}, got {type(value).__name__} {short_repr(value)}"
+            )
+        value, source, shape, described = array, family(array.dtype), array.shape, array.dtype
+        if array.dtype == np.float64 or array.dtype == np.int64:
+            # Python numbers in a list are weakly typed, as in JAX.
+            described = f"Python {PYTHON_SCALAR_DTYPES[_FAMILY_TYPES[source]]}s"
+    target = family(dtype)
+    if source is None or not (source == target or BOOL < source < target):
+        raise DtypeMismatchError(
+            f"Cannot {operation} Variable '{name}': a value of dtype {described} "
+            f"cannot be converted safely to the variable's dtype {dtype}"
+            + ("" if source is None else f" ({FAMILY_NAMES[source]} into {FAMILY_NAMES[target]})")
+        )
+    if source == INT and target == INT and is_concrete_array(value):
+        if not holds_range_of(dtype, value.dtype) and value.size:
+            # A device array narrowing into a smaller integer dtype: check its range.
+            low, high = int(value.min()), int(value.max())
+            smallest, largest = integer_range(dtype)
+            if low < smallest or high > largest:
+                raise DtypeMismatchError(
+                    f"Cannot {operation} Variable '{name}': a value of dtype "
+                    f"{described} (from {low} to {high}) is out of range for the "
+                    f"variable's dtype {dtype}"
+                )
+    if source == INT and not isinstance(value, jax.Array):
+        converted = convert_host_integers(value, dtype)
+        if converted is None:
+            raise DtypeMismatchError(
+                f"Cannot {operation} Variable '{name}': a value of dtype {described} "
+                f"({short_repr(value)}) is out of range for the variable's dtype {dtype}"
+            )
+        value = converted
+    expected = current.shape if target_shape is None else target_shape
+    if shape != expected:
+        try:
+            fits = np.broadcast_shapes(shape, expected) == expected
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ShapeMismatchError(
+                f"Cannot {operation} Variable '{name}': shape {shape} does not match "
+                f"the {'variable' if target_shape is None else 'indexed part'}'s shape "
+                f"{expected}"
+            )
+    if is_concrete_array(value) and value.sharding != current.sharding:
+        value = jax.device_put(value, current.sharding)
+    return value
