@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ from ._grad import read_variables
 from ._module import Module
 from ._variable import Variable, _Tracer
 
+_getrefcount = sys.getrefcount
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 # The exact types of the concrete (non-tracer) array arguments seen so far; the fast path of
 # a call accepts arguments of these types only.
@@ -147,7 +149,10 @@ class JitFunction:
                 entry = self._entries[key] = self._compile(entry_split(entry), entry.extra)
             entry.epoch = _variable.trainable_epoch[0]
         with _update.state_lock:
-            arrays = _update.exclusive_or_copies([v._value for v in entry.lifted])
+            arrays = [v._value for v in entry.lifted]
+            # One pass in C for the common case: every array held by its variable alone.
+            if arrays and max(map(_getrefcount, arrays)) > _update.SOLE_HOLDER_IN_MAP:
+                arrays = _update.copy_shared(arrays)
             try:
                 result, values, extra = entry.jitted(arrays, dynamic)
             except Exception as error:
@@ -164,7 +169,9 @@ class JitFunction:
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer.
                 raise self._under_transformation()
-            for variable, value in zip(entry.lifted, values, strict=True):
+            # Not zip(strict=True): the trace returns one value per lifted variable, and
+            # strict checking costs more than the rest of this loop.
+            for variable, value in zip(entry.lifted, values):  # noqa: B905
                 variable._value = value
             if extra:
                 for variable, value in zip(entry.written_unlifted, extra, strict=True):

@@ -111,20 +111,21 @@ def _calibrate_list() -> tuple[int, int]:
     return max(map(sys.getrefcount, arrays)), [sys.getrefcount(a) for a in arrays][0]
 
 
-# Reference count of an array held only by a variable's ``_value`` attribute, as seen by
-# ``sys.getrefcount(var._value)``; and as seen inside `exclusive_or_copies` below.
+# Reference count of an array held only by a variable's ``_value`` attribute: as seen by
+# ``sys.getrefcount(var._value)``; by ``max(map(sys.getrefcount, arrays))`` over a list of
+# such arrays; and inside `copy_shared` below.
 SOLE_HOLDER = _calibrate_single()
-_SOLE_HOLDER_IN_MAP, _SOLE_HOLDER_IN_LOOP = _calibrate_list()
+SOLE_HOLDER_IN_MAP, _SOLE_HOLDER_IN_LOOP = _calibrate_list()
 
 
-def exclusive_or_copies(arrays: list[jax.Array]) -> list[jax.Array]:
+def copy_shared(arrays: list[jax.Array]) -> list[jax.Array]:
     """Returns ``arrays`` with every array that something else still holds replaced by a copy.
 
     ``arrays`` must hold each variable's ``_value`` and nothing more, so that the result can
     be donated: the copies are donated in place of the shared arrays, which stay valid.
+    Callers first check ``max(map(sys.getrefcount, arrays)) > SOLE_HOLDER_IN_MAP``, which
+    is true when any array is shared.
     """
-    if max(map(sys.getrefcount, arrays), default=0) <= _SOLE_HOLDER_IN_MAP:
-        return arrays
     return [a if sys.getrefcount(a) <= _SOLE_HOLDER_IN_LOOP else copy_array(a) for a in arrays]
 
 
