@@ -27,7 +27,8 @@ _UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys
 _state_lock = _update.state_lock
 _settings = _placement._settings
 
-# Counts changes of any variable's trainable flag; `statevar.jit` keys its traces on it.
+# Counts changes of any variable's trainable flag; when it moves, `statevar.jit` checks
+# whether the flags its traces were made for still hold.
 trainable_epoch = [0]
 
 
