@@ -640,9 +640,20 @@ for k in range(1000):
 """
 
 _SIZE = 16 * 1024 * 1024  # float32s: 64 MiB
-# Seconds from the start of the second save to the kill. A save of 64 MiB takes 0.2 s or
-# more (hashing, then orbax writing, then the manifest), so these land in its middle.
-_KILL_DELAYS = [0.05, 0.12, 0.2]
+# Seconds from the moment orbax starts writing the second save (its first new file or
+# directory appears) to the kill: at once, in the middle of the write, and around its end.
+# Following the save's progress, not the clock, keeps this right on a loaded machine.
+_KILL_DELAYS = [0.0, 0.05, 0.15]
+
+
+def _wait_for_new_entry(directory, before, child, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if set(os.listdir(directory)) - before:
+            return
+        assert child.poll() is None, child.communicate()[1]
+        time.sleep(0.001)
+    raise AssertionError(f"no save started writing in {directory} within {timeout} s")
 
 
 def test_a_save_killed_at_any_moment_leaves_the_previous_checkpoint_exact(tmp_path):
@@ -666,9 +677,12 @@ def test_a_save_killed_at_any_moment_leaves_the_previous_checkpoint_exact(tmp_pa
         assert lines == ["saving 0\n", "saved 0\n"], child.communicate()[1]
     printed = {}
     for run, child in children.items():  # one at a time, so that timings hold
+        directory = tmp_path / f"{run[0]}-{run[1]}"
+        before = set(os.listdir(directory))
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.stdout.readline() == "saving 1\n"
+        _wait_for_new_entry(directory, before, child)
         time.sleep(run[1])
         child.send_signal(signal.SIGKILL)
         printed[run] = ["saved 0", *child.communicate()[0].splitlines()]
