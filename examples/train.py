@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -167,7 +166,7 @@ def start_fresh(manager: statevar.CheckpointManager, shown: str) -> None:
     if not steps:
         return
     for old in steps:
-        shutil.rmtree(manager.directory / str(old))
+        manager.delete(old)
     print(
         f"starting fresh: deleted the checkpoints of steps {steps} in {shown!r} "
         f"(pass --resume to continue from step {steps[-1]} instead)"

@@ -56,6 +56,9 @@ _DEBRIS = re.compile(
     + r"\.tmp-[0-9a-f]{32})$"
 )
 _STEP_NAME = re.compile(r"^(0|[1-9][0-9]*)$")
+_STEP_TEMPORARY = re.compile(
+    r"^(0|[1-9][0-9]*)\.(orbax-checkpoint-tmp.*|statevar-deleted-[0-9a-f]{32})$"
+)
 
 PathLike = str | os.PathLike
 
@@ -75,6 +78,7 @@ def _named_variables(target: Any) -> dict[str, Variable]:
     Variable's own name. Containers add nothing to the keys."""
     named: dict[str, Variable] = {}
     where: dict[str, str] = {}
+    key_of: dict[int, str] = {}
 
     def add(key: str, variable: Variable, path: str) -> None:
         if key in named and named[key] is not variable:
@@ -83,7 +87,13 @@ def _named_variables(target: Any) -> dict[str, Variable]:
                 f"{where[key]} and {path}); give them distinct name= values, or hold them in "
                 "a statevar.Module, which names unnamed variables by their path"
             )
-        named[key], where[key] = variable, path
+        if key_of.get(id(variable), key) != key:
+            first = key_of[id(variable)]
+            raise ValueError(
+                f"One variable appears in the checkpoint target under two names, {first!r} "
+                f"(at {where[first]}) and {key!r} (at {path}); include it once"
+            )
+        named[key], where[key], key_of[id(variable)] = variable, path, key
 
     def visit(obj: Any, path: str) -> None:
         if isinstance(obj, Variable):
@@ -242,7 +252,9 @@ def _read_manifest(checkpoint: pathlib.Path, shown: str) -> dict[str, Any]:
     """Reads and checks the manifest of ``checkpoint``, explaining why when there is none."""
     if not (checkpoint / MANIFEST).is_file():
         steps = _complete_steps(checkpoint)
-        if not checkpoint.is_dir():
+        if checkpoint.exists() and not checkpoint.is_dir():
+            reason = "is a file, not a checkpoint directory"
+        elif not checkpoint.is_dir():
             reason = "does not exist"
         elif steps:
             reason = (
@@ -427,8 +439,10 @@ class CheckpointManager:
     def save(self, step: int, target: Any) -> None:
         """Saves the target's variables as ``step``, then deletes steps beyond `max_to_keep`.
 
-        Keys and reads are as in `statevar.save`; step directories that interrupted saves
-        left (no manifest) are deleted first.
+        Keys and reads are as in `statevar.save`. What an interrupted save or deletion left
+        is cleared first: orbax's temporary directories, steps being deleted, and the
+        directory of this same step if it has no manifest. Other directories without a
+        manifest are never listed, and left alone.
 
         Args:
           step: the step number, a non-negative int.
@@ -452,8 +466,11 @@ class CheckpointManager:
             )
         entries, arrays = _snapshot(_named_variables(target))
         for entry in self._directory.iterdir() if self._directory.is_dir() else ():
-            if _STEP_NAME.match(entry.name) and entry.is_dir() and not (entry / MANIFEST).exists():
-                shutil.rmtree(entry)  # what an interrupted save or deletion left
+            interrupted = _STEP_TEMPORARY.match(entry.name) or (
+                entry.name == str(step) and not (entry / MANIFEST).exists()
+            )
+            if interrupted and entry.is_dir():
+                shutil.rmtree(entry)
         ocp = _orbax()
         manager = self._orbax_manager()
         try:
@@ -467,13 +484,30 @@ class CheckpointManager:
             if self._max_to_keep is not None:
                 older = [s for s in self.all_steps() if s != step]
                 for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
-                    # Removing the manifest first makes the step incomplete at once, so a
-                    # process killed while orbax deletes the rest leaves no half-deleted
-                    # step that looks complete.
-                    (self._directory / str(old) / MANIFEST).unlink()
-                    manager.delete(old)
+                    self.delete(old)
         finally:
             manager.close()
+
+    def delete(self, step: int) -> None:
+        """Deletes a complete step.
+
+        One rename takes the step out of `all_steps` at once, so a process killed while its
+        files are deleted leaves no half-deleted step; the next `save` clears the rest.
+
+        Args:
+          step: a step that `all_steps` lists.
+
+        Raises:
+          CheckpointNotFoundError: (a FileNotFoundError) if there is no such complete step.
+        """
+        if step not in self.all_steps():
+            raise CheckpointNotFoundError(
+                f"Cannot delete step {step} in {self._shown!r}: there is no complete step "
+                f"{step}; the steps there are {self.all_steps()}"
+            )
+        doomed = self._directory / f"{step}.statevar-deleted-{uuid.uuid4().hex}"
+        os.replace(self._directory / str(step), doomed)
+        shutil.rmtree(doomed)
 
     def restore(self, target: Any, step: int | None = None, *, partial: bool = False) -> int | None:
         """Restores ``step`` (by default the latest) into the target; see `statevar.restore`.

@@ -507,8 +507,11 @@ def test_manager_never_lists_an_interrupted_or_foreign_step(tmp_path):
     ):
         manager.restore(w, step=8)
 
-    manager.save(3, w)  # the next save clears what interrupted saves left
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]
+    manager.save(3, w)  # clears orbax's temporary directories; leaves unknown ones alone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3", "7", "8"]
+    manager.save(8, w)  # replaces what an interrupted save of this step left
+    assert manager.all_steps() == [1, 2, 3, 8]
+    manager.restore(w, step=8)
 
 
 def test_manager_refuses_to_overwrite_a_step(tmp_path):
@@ -596,21 +599,24 @@ def test_a_save_that_dies_before_its_manifest_leaves_the_previous_checkpoint(
 
 
 def test_a_manager_killed_while_deleting_an_old_step_never_lists_it(tmp_path, monkeypatch):
-    import orbax.checkpoint as ocp
+    from statevar import _checkpoint
 
     w = statevar.Variable([1.0], name="w")
     manager = statevar.CheckpointManager(tmp_path, max_to_keep=1)
     manager.save(1, w)
 
-    def die(self, step):
+    def die(path, *args, **kwargs):
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(ocp.CheckpointManager, "delete", die)
+    monkeypatch.setattr(_checkpoint.shutil, "rmtree", die)
     with pytest.raises(KeyboardInterrupt):
         manager.save(2, w)
     monkeypatch.undo()
 
-    assert (tmp_path / "1").exists() and manager.all_steps() == [2]
+    assert manager.all_steps() == [2]
+    assert [p.name.split(".")[1][:16] for p in tmp_path.iterdir() if p.name.startswith("1")] == [
+        "statevar-deleted"
+    ]
     manager.save(3, w)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["3"]
 
@@ -719,6 +725,43 @@ def test_a_save_killed_at_any_moment_leaves_the_previous_checkpoint_exact(tmp_pa
                 assert len(list(directory.iterdir())) == 2
             else:
                 manager.save(10**6, [big, count])
-                assert all((p / MANIFEST).exists() for p in directory.iterdir())
+                assert not any("orbax-checkpoint-tmp" in p.name for p in directory.iterdir())
+                assert all(
+                    (directory / str(step) / MANIFEST).exists() for step in manager.all_steps()
+                )
             interrupted.add(mode)
     assert interrupted == {"plain", "manager"}, f"no kill landed while orbax wrote: {interrupted}"
+
+
+def test_manager_delete(tmp_path):
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path, max_to_keep=None)
+    manager.save(1, w)
+    manager.save(2, w)
+    manager.delete(1)
+    assert manager.all_steps() == [2] and sorted(p.name for p in tmp_path.iterdir()) == ["2"]
+    with pytest.raises(
+        FileNotFoundError, match=r"Cannot delete step 1 .*the steps there are \[2\]"
+    ):
+        manager.delete(1)
+
+
+def test_one_variable_under_two_names_is_refused(tmp_path):
+    class Holder(statevar.Module):
+        def __init__(self):
+            self.k = statevar.Variable([1.0])
+
+    holder = Holder()
+    with pytest.raises(
+        ValueError, match=r"One variable appears in the checkpoint target under two names, 'k'"
+    ):
+        statevar.save(
+            tmp_path / "c", [holder, {"again": statevar.Variable([2.0], name="x"), "k": holder.k}]
+        )
+    assert not (tmp_path / "c").exists()
+
+
+def test_restoring_from_a_file_says_it_is_not_a_directory(tmp_path):
+    (tmp_path / "file").write_text("not a checkpoint")
+    with pytest.raises(FileNotFoundError, match="is a file, not a checkpoint directory"):
+        statevar.restore(tmp_path / "file", statevar.Variable(1.0))
