@@ -191,8 +191,9 @@ def convert_for_update(
             source != INT or fits_weakly(value, current.dtype)
         ):
             return value
-    elif target_shape is None and is_concrete_array(value):
-        # Fast path for an array of the variable's own dtype, shape and placement.
+    elif target_shape is None and type(value) is type(current):
+        # Fast path for an array of the variable's own type (a concrete jax.Array, never a
+        # tracer), dtype, shape and placement.
         if (
             value.dtype == current.dtype
             and value.shape == current.shape
