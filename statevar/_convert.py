@@ -195,7 +195,7 @@ def convert_for_update(
         # Fast path for an array of the variable's own type (a concrete jax.Array, never a
         # tracer), dtype, shape and placement.
         if (
-            value.dtype == current.dtype
+            (value.dtype is current.dtype or value.dtype == current.dtype)
             and value.shape == current.shape
             and (not value.committed or value.sharding == current.sharding)
         ):

@@ -295,15 +295,16 @@ class Variable:
         self._update("setitem", value, dynamic, static)
 
     def _update(self, operation: str, *operands: Any) -> Variable:
-        frame = _trace.innermost() if _trace.any_open() else None
-        if frame is not None:
-            # While statevar.jit or statevar.grad traces: record the new traced value.
-            old = _trace.read(self) if operation != "assign" else None
-            if old is None:
-                old = self._value
-            new = _update.PURE[operation](old, *operands)
-            _trace.write(frame, self, new, PHRASES[operation])
-            return self
+        if _trace.any_open():
+            frame = _trace.innermost()
+            if frame is not None:
+                # While statevar.jit or statevar.grad traces: record the new traced value.
+                old = _trace.read(self) if operation != "assign" else None
+                if old is None:
+                    old = self._value
+                new = _update.PURE[operation](old, *operands)
+                _trace.write(frame, self, new, PHRASES[operation])
+                return self
         donating, copying = _UPDATES[operation]
         with _state_lock:
             update = donating if _getrefcount(self._value) <= _SOLE_HOLDER else copying
