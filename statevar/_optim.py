@@ -48,7 +48,6 @@ class Optimizer:
                 f"{type(tx).__name__}"
             )
         self._tx = tx
-        self._variables = variables
         leaves, self._treedef = jax.tree.flatten(
             variable_tree(variables, "the Optimizer's variables"), is_leaf=_is_variable
         )
