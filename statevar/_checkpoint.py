@@ -201,11 +201,14 @@ def save(directory: PathLike, target: Any) -> None:
 
 
 def _read_values(
-    checkpoint: pathlib.Path, manifest: dict[str, Any], variables: dict[str, Variable], shown: str
+    checkpoint: pathlib.Path,
+    manifest: dict[str, Any],
+    entries: dict[str, dict[str, Any]],
+    variables: dict[str, Variable],
+    shown: str,
 ) -> dict[str, jax.Array]:
     """Reads the values of ``variables`` onto their own shardings and verifies every one
-    against the manifest before returning any."""
-    entries = {entry["name"]: entry for entry in manifest["variables"]}
+    against the manifest (whose ``entries`` are given by name) before returning any."""
     wanted = {name: entries[name] for name in variables}
     stored = {name: entry for name, entry in wanted.items() if entry["key"] is not None}
     values: dict[str, jax.Array] = {}
@@ -308,7 +311,7 @@ def _restore(checkpoint: pathlib.Path, target: Any, partial: bool, shown: str) -
             f"Cannot restore from checkpoint {shown!r}: it does not match the target's "
             "variables, so no variable was changed.\n  " + "\n  ".join(problems) + hint
         )
-    values = _read_values(checkpoint, manifest, common, shown)
+    values = _read_values(checkpoint, manifest, entries, common, shown)
     for name, variable in common.items():
         variable.assign(values[name])
     return list(common)

@@ -21,7 +21,7 @@ from ._errors import DtypeMismatchError, ShapeMismatchError, TraceContextError
 if TYPE_CHECKING:
     from ._variable import Variable
 
-_Tracer = jax.core.Tracer
+Tracer = jax.core.Tracer
 
 # Dtype families, ordered so that a value converts safely into its own family or a later one.
 BOOL, INT, FLOAT, COMPLEX = range(4)
@@ -71,7 +71,7 @@ def holds_range_of(dtype: np.dtype, other: np.dtype) -> bool:
 
 def is_concrete_array(x: Any) -> bool:
     """Whether ``x`` is a `jax.Array` holding data, not a tracer."""
-    return isinstance(x, jax.Array) and not isinstance(x, _Tracer)
+    return isinstance(x, jax.Array) and not isinstance(x, Tracer)
 
 
 def short_repr(value: Any, limit: int = 60) -> str:
@@ -209,7 +209,7 @@ def convert_for_update(
     if isinstance(value, (jax.Array, np.ndarray, np.generic)):
         source, shape = family(value.dtype), value.shape
         described = value.dtype
-        if isinstance(value, _Tracer) and _trace.innermost() is None:
+        if isinstance(value, Tracer) and _trace.innermost() is None:
             raise TraceContextError(
                 f"Cannot {operation} Variable '{name}' inside jax.jit, jax.grad or "
                 "another JAX transformation: the variable would keep a tracer. Use "

@@ -13,10 +13,11 @@ import jax
 import numpy as np
 
 from . import _trace, _update, _variable
+from ._convert import Tracer
 from ._errors import StatevarError, TraceContextError
 from ._grad import read_variables
 from ._module import Module
-from ._variable import Variable, _Tracer
+from ._variable import Variable
 
 _getrefcount = sys.getrefcount
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
@@ -117,7 +118,7 @@ class JitFunction:
         dynamic, arg_variables, fixed = [], [], []
         for position, leaf in enumerate(leaves):
             if isinstance(leaf, _ARRAY_TYPES) and not self._is_static(treedef, position):
-                if isinstance(leaf, _Tracer):
+                if isinstance(leaf, Tracer):
                     raise self._under_transformation()
                 _CONCRETE_TYPES.add(type(leaf))
                 dynamic.append(leaf)
@@ -165,7 +166,7 @@ class JitFunction:
                     ) from error
                 raise
             probe = values[0] if values else extra[0] if extra else None
-            if isinstance(probe, _Tracer):
+            if isinstance(probe, Tracer):
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer.
                 raise self._under_transformation()

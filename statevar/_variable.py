@@ -12,6 +12,7 @@ import numpy as np
 from . import _placement, _trace, _update
 from ._convert import (
     PHRASES,
+    Tracer,
     check_initial_conversion,
     convert_for_update,
     family,
@@ -19,8 +20,6 @@ from ._convert import (
     short_repr,
 )
 from ._errors import DtypeMismatchError, TraceContextError
-
-_Tracer = jax.core.Tracer
 
 # Bound once: the eager update is a hot path.
 _UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
@@ -90,7 +89,7 @@ class Variable:
         _trace.check_creation(label)
         if isinstance(initial_value, Variable):
             initial_value = initial_value._read()
-        if isinstance(initial_value, _Tracer):
+        if isinstance(initial_value, Tracer):
             raise TraceContextError(
                 f"Cannot create Variable '{label}' from a traced value inside a JAX "
                 "transformation: create variables outside jitted or differentiated functions."
@@ -271,7 +270,7 @@ class Variable:
             )
             return
         static, dynamic = _update.split_index(index)
-        if not any(isinstance(part, _Tracer) for part in dynamic):
+        if not any(isinstance(part, Tracer) for part in dynamic):
             try:
                 target = np.broadcast_to(np.empty((), np.bool_), self.shape)[
                     tuple(
@@ -311,7 +310,7 @@ class Variable:
             new = update(self._value, *operands)
             # Under jax.jit the update is only traced, even with concrete operands (nothing is
             # donated then); storing its tracer would leak it out of the trace.
-            if isinstance(new, _Tracer):
+            if isinstance(new, Tracer):
                 raise TraceContextError(
                     f"Cannot {PHRASES[operation]} Variable '{self.name}' inside jax.jit or "
                     "another JAX transformation: use statevar.jit, which carries the update out "
