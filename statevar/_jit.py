@@ -38,9 +38,7 @@ class _Entry:
         "jitted",
         "unlifted",
         "written_unlifted",
-        "treedef",
-        "fixed",
-        "arg_variables",
+        "split",
         "extra",
         "flags",
         "epoch",
@@ -53,9 +51,10 @@ class _Entry:
         # next call), and those of them assigned (whose new values the call returns).
         self.unlifted: tuple[Variable, ...] = ()
         self.written_unlifted: tuple[Variable, ...] = ()
-        # How the call's arguments were split; ``fixed`` also keeps the objects whose ids
-        # make up this entry's key alive, so the ids are not reused.
-        self.treedef, self.fixed, self.arg_variables = split
+        # How the call's arguments were split: (treedef, fixed, arg_variables). ``fixed``
+        # also keeps the objects whose ids make up this entry's key alive, so the ids are not
+        # reused.
+        self.split = split
         self.extra = extra
         # Gradients depend on which variables are trainable: the trace is valid for these
         # flags, checked again whenever any variable's flag changed (a new epoch).
@@ -147,7 +146,7 @@ class JitFunction:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables' arrays."""
         if entry.epoch != _variable.trainable_epoch[0]:
             if tuple(v._trainable for v in entry.lifted) != entry.flags:
-                entry = self._entries[key] = self._compile(entry_split(entry), entry.extra)
+                entry = self._entries[key] = self._compile(entry.split, entry.extra)
             entry.epoch = _variable.trainable_epoch[0]
         with _update.state_lock:
             arrays = [v._value for v in entry.lifted]
@@ -180,7 +179,7 @@ class JitFunction:
         if entry.unlifted:
             # The trace touched variables it could not see beforehand (reads used their
             # current values); lift them from the next call on.
-            self._entries[key] = self._compile(entry_split(entry), (*entry.extra, *entry.unlifted))
+            self._entries[key] = self._compile(entry.split, (*entry.extra, *entry.unlifted))
         return result
 
     def _under_transformation(self) -> TraceContextError:
@@ -243,11 +242,6 @@ class JitFunction:
 
         entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), split, extra)
         return entry
-
-
-def entry_split(entry: _Entry) -> tuple:
-    """Returns how the arguments of ``entry``'s calls are split, for `JitFunction._compile`."""
-    return entry.treedef, entry.fixed, entry.arg_variables
 
 
 def _static_key(leaf: Any, function_name: str) -> Any:

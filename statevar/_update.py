@@ -28,7 +28,8 @@ state_lock = threading.RLock()
 trace_counts: dict[str, int] = {}
 
 
-def _fit(value: jax.Array, like: jax.Array) -> jax.Array:
+def _fit(value: jax.Array, like: Any) -> jax.Array:
+    """Converts ``value`` to ``like``'s dtype and broadcasts it to ``like``'s shape."""
     return jnp.broadcast_to(lax.convert_element_type(value, like.dtype), like.shape)
 
 
@@ -53,9 +54,7 @@ def _assign_sub(old: jax.Array, delta: Any) -> jax.Array:
 
 def _set_item(old: jax.Array, value: Any, dynamic: tuple, static: tuple) -> jax.Array:
     index = rebuild_index(static, dynamic)
-    target = jax.eval_shape(lambda x: x[index], old)
-    fitted = jnp.broadcast_to(lax.convert_element_type(value, old.dtype), target.shape)
-    return old.at[index].set(fitted)
+    return old.at[index].set(_fit(value, jax.eval_shape(lambda x: x[index], old)))
 
 
 def _set_where(old: jax.Array, value: Any, mask: jax.Array) -> jax.Array:
