@@ -151,6 +151,20 @@ def check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) ->
             )
 
 
+def check_not_deleted(value: Any, name: str, operation: str) -> None:
+    """Refuses a value that is a deleted array (donated to a jitted function, or deleted).
+
+    Raises:
+      ValueError: if ``value`` is a concrete `jax.Array` that has been deleted.
+    """
+    if is_concrete_array(value) and value.is_deleted():
+        raise ValueError(
+            f"Cannot {PHRASES[operation]} Variable '{name}': the value is a {value.dtype}"
+            f"{list(value.shape)} array that has been deleted (donated to a jitted function "
+            "or deleted with .delete()); the variable is unchanged"
+        ) from None
+
+
 def convert_for_update(
     value: Any,
     variable: Variable,
@@ -180,6 +194,7 @@ def convert_for_update(
       ShapeMismatchError: if the value does not broadcast to the variable's shape (or the
         indexed part's).
       TraceContextError: if the value is a tracer outside `statevar.jit` and `statevar.grad`.
+      ValueError: if the value is an array that has been deleted.
     """
     # The variable's array rather than its properties: the fast paths are the eager hot path.
     current = variable._value
@@ -191,21 +206,13 @@ def convert_for_update(
             source != INT or fits_weakly(value, current.dtype)
         ):
             return value
-    elif target_shape is None and type(value) is type(current):
-        # Fast path for an array of the variable's own type (a concrete jax.Array, never a
-        # tracer), dtype, shape and placement.
-        if (
-            (value.dtype is current.dtype or value.dtype == current.dtype)
-            and value.shape == current.shape
-            and (not value.committed or value.sharding == current.sharding)
-        ):
-            return value
     # Imported here: `_variable` imports this module.
     from ._variable import Variable
 
-    operation, name, dtype = PHRASES[operation], variable.name, current.dtype
     if isinstance(value, Variable):
         value = value._read()
+    check_not_deleted(value, variable.name, operation)
+    operation, name, dtype = PHRASES[operation], variable.name, current.dtype
     if isinstance(value, (jax.Array, np.ndarray, np.generic)):
         source, shape = family(value.dtype), value.shape
         described = value.dtype

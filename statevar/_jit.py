@@ -103,7 +103,7 @@ class JitFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _trace.any_open() and _trace.innermost() is not None:
+        if _trace.open_frames and _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
         if not kwargs and not self._has_static and set(map(type, args)) <= _CONCRETE_TYPES:

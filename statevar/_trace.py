@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from ._variable import Variable
 
 _local = threading.local()
-# Number of frames open in any thread; lets the eager hot path skip the thread-local lookup.
-_open_frames = 0
+# Number of frames open in any thread: while it is 0 (the eager hot path), nothing is traced
+# and the thread-local lookup can be skipped. Read it as ``_trace.open_frames``.
+open_frames = 0
 _count_lock = threading.Lock()
 
 
@@ -40,18 +41,18 @@ class Frame:
         self.unlifted: dict[Variable, None] = {}
 
     def __enter__(self) -> Frame:
-        global _open_frames
+        global open_frames
         stack = _stack()
         stack.append(self)
         with _count_lock:
-            _open_frames += 1
+            open_frames += 1
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        global _open_frames
+        global open_frames
         _stack().pop()
         with _count_lock:
-            _open_frames -= 1
+            open_frames -= 1
 
 
 def _stack() -> list[Frame]:
@@ -59,11 +60,6 @@ def _stack() -> list[Frame]:
     if stack is None:
         stack = _local.stack = []
     return stack
-
-
-def any_open() -> bool:
-    """Whether any frame is open in any thread (a cheap pre-check)."""
-    return _open_frames > 0
 
 
 def innermost() -> Frame | None:

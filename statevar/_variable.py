@@ -14,6 +14,7 @@ from ._convert import (
     PHRASES,
     Tracer,
     check_initial_conversion,
+    check_not_deleted,
     convert_for_update,
     family,
     is_concrete_array,
@@ -24,6 +25,7 @@ from ._errors import DtypeMismatchError, TraceContextError
 # Bound once: the eager update is a hot path.
 _UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
 _state_lock = _update.state_lock
+_acquire, _release = _state_lock.acquire, _state_lock.release
 _settings = _placement._settings
 
 # Counts changes of any variable's trainable flag; when it moves, `statevar.jit` checks
@@ -89,6 +91,12 @@ class Variable:
         _trace.check_creation(label)
         if isinstance(initial_value, Variable):
             initial_value = initial_value._read()
+        if is_concrete_array(initial_value) and initial_value.is_deleted():
+            raise ValueError(
+                f"Cannot create Variable '{label}' from a {initial_value.dtype}"
+                f"{list(initial_value.shape)} array that has been deleted (donated to a jitted "
+                "function or deleted with .delete())"
+            )
         if isinstance(initial_value, Tracer):
             raise TraceContextError(
                 f"Cannot create Variable '{label}' from a traced value inside a JAX "
@@ -188,12 +196,15 @@ class Variable:
     # ----------------------------------------------------------------- reads
 
     def _read(self) -> jax.Array:
-        if _trace.any_open():
+        if _trace.open_frames:
             traced = _trace.read(self)
             if traced is not None:
                 return traced
-        with _state_lock:
+        _acquire()
+        try:
             return self._value
+        finally:
+            _release()
 
     def read_value(self) -> jax.Array:
         """Returns the current value; later updates never delete or change it."""
@@ -232,21 +243,21 @@ class Variable:
           TypeError: if the conversion would lose information (1.5 into int32).
           ValueError: if the value does not broadcast to the variable's shape.
         """
-        return self._update("assign", convert_for_update(value, self, "assign"))
+        return self._update("assign", value)
 
     def assign_add(self, delta: jax.typing.ArrayLike | Variable) -> Variable:
         """Adds ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
         """
-        return self._update("assign_add", convert_for_update(delta, self, "assign_add"))
+        return self._update("assign_add", delta)
 
     def assign_sub(self, delta: jax.typing.ArrayLike | Variable) -> Variable:
         """Subtracts ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
         """
-        return self._update("assign_sub", convert_for_update(delta, self, "assign_sub"))
+        return self._update("assign_sub", delta)
 
     def __setitem__(self, index: Any, value: jax.typing.ArrayLike | Variable) -> None:
         """Sets ``self[index]`` to ``value`` in place (``v[index] = value``).
@@ -265,9 +276,8 @@ class Variable:
             and np.shape(_operand(value)) == ()
         ):
             # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
-            self._update(
-                "setmask", convert_for_update(value, self, "setitem", target_shape=()), index
-            )
+            value = convert_for_update(value, self, "setitem", target_shape=())
+            self._update("setmask", value, (index,))
             return
         static, dynamic = _update.split_index(index)
         if not any(isinstance(part, Tracer) for part in dynamic):
@@ -291,32 +301,54 @@ class Variable:
                 lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)
             ).shape
         value = convert_for_update(value, self, "setitem", target_shape=target)
-        self._update("setitem", value, dynamic, static)
+        self._update("setitem", value, (dynamic, static))
 
-    def _update(self, operation: str, *operands: Any) -> Variable:
-        if _trace.any_open():
+    def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
+        """Applies ``operation`` (a key of `_update.UPDATES`) in place: the eager hot path.
+
+        A whole-variable update (``index`` None) validates ``value`` here; setitem and
+        setmask validate it against the indexed part first and pass their index operands.
+        """
+        current = self._value
+        concrete = type(current)  # the variable's array type: concrete, never a tracer
+        if index is None and not (
+            # An array of the variable's own type, abstract value (shape, dtype, strong type)
+            # and placement enters the update as it is.
+            type(value) is concrete
+            and value.aval == current.aval
+            and (not value.committed or value.sharding == current.sharding)
+        ):
+            value = convert_for_update(value, self, operation)
+        del current  # a reference held here would make the array look shared
+        if _trace.open_frames:
             frame = _trace.innermost()
             if frame is not None:
                 # While statevar.jit or statevar.grad traces: record the new traced value.
                 old = _trace.read(self) if operation != "assign" else None
                 if old is None:
                     old = self._value
-                new = _update.PURE[operation](old, *operands)
+                new = _update.PURE[operation](old, value, *(index or ()))
                 _trace.write(frame, self, new, PHRASES[operation])
                 return self
         donating, copying = _UPDATES[operation]
-        with _state_lock:
+        _acquire()  # rather than `with _state_lock`, which costs twice as much
+        try:
             update = donating if _getrefcount(self._value) <= _SOLE_HOLDER else copying
-            new = update(self._value, *operands)
+            if index is None:
+                new = update(self._value, value)
+            else:
+                new = update(self._value, value, *index)
             # Under jax.jit the update is only traced, even with concrete operands (nothing is
             # donated then); storing its tracer would leak it out of the trace.
-            if isinstance(new, Tracer):
-                raise TraceContextError(
-                    f"Cannot {PHRASES[operation]} Variable '{self.name}' inside jax.jit or "
-                    "another JAX transformation: use statevar.jit, which carries the update out "
-                    "of the trace."
-                )
+            if type(new) is not concrete:
+                raise _traced_update_error(self, operation)
             self._value = new
+        except RuntimeError:
+            # An array deleted (donated elsewhere) after it passed the fast path above.
+            check_not_deleted(value, self.name, operation)
+            raise
+        finally:
+            _release()
         if _settings.log_placement:
             _placement.log(self.name, operation, self.device)
         return self
@@ -378,13 +410,28 @@ class Variable:
 
     @classmethod
     def tree_unflatten(cls, aux: tuple[str | None, bool], children: tuple[Any]) -> Variable:
-        view = object.__new__(cls)
+        view = object.__new__(_TracedView if isinstance(children[0], Tracer) else cls)
         view._name, view._trainable = aux
         view._value = children[0]
         return view
 
 
 jax.tree_util.register_pytree_node_class(Variable)
+
+
+class _TracedView(Variable):
+    """A Variable passed into plain `jax.jit`, `jax.grad` or `jax.vmap`: it reads its traced
+    value and refuses updates, which could not reach the variable outside the trace."""
+
+    def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
+        raise _traced_update_error(self, operation)
+
+
+def _traced_update_error(variable: Variable, operation: str) -> TraceContextError:
+    return TraceContextError(
+        f"Cannot {PHRASES[operation]} Variable '{variable.name}' inside jax.jit or another "
+        "JAX transformation: use statevar.jit, which carries the update out of the trace."
+    )
 
 
 def _unwrap(index: Any) -> Any:

@@ -333,6 +333,28 @@ def test_rejected_update_raises_and_leaves_the_variable_bit_identical(operation,
 
 
 @pytest.mark.parametrize(
+    "value",
+    [jnp.ones(2, jnp.float32), jnp.ones(2, jnp.int32), jnp.ones(3, jnp.float32)],
+    ids=["own_dtype_and_shape", "int32", "shape_3"],
+)
+@pytest.mark.parametrize("operation", _OPERATIONS)
+def test_deleted_array_value_raises_and_leaves_the_variable_bit_identical(operation, value):
+    # The first case takes the fast path (an array of the variable's own aval), the others
+    # the full conversion; both name the variable.
+    v = statevar.Variable([1.0, 2.0], name="v")
+    before = _snapshot(v)
+    deleted = jnp.array(value, copy=True)
+    deleted.delete()
+
+    with pytest.raises(
+        ValueError, match=r"Cannot .* Variable 'v': the value is a .* array that has been deleted"
+    ):
+        _UPDATES[operation](v, deleted)
+
+    _assert_unchanged(v, before)
+
+
+@pytest.mark.parametrize(
     ("initial_value", "value", "error"),
     [
         ([1, 2], 1.5, statevar.DtypeMismatchError),
@@ -681,16 +703,36 @@ def test_updating_under_jax_jit_with_concrete_values_raises_and_keeps_the_value(
     chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
 
 
-def test_updating_a_variable_passed_to_jax_jit_raises():
+@pytest.mark.parametrize(
+    ("update", "phrase"),
+    [
+        (lambda x: x.assign_add(1.0), "assign_add to"),
+        (lambda x: x.assign(x.value * 2), "assign to"),
+        (lambda x: x.assign_sub(jnp.ones(2)), "assign_sub to"),
+        (lambda x: x.__setitem__(Ellipsis, x.value), "set an item of"),
+    ],
+    ids=["constant", "traced_value", "concrete_array", "setitem"],
+)
+@pytest.mark.parametrize(
+    "transform",
+    [jax.jit, jax.vmap, lambda f: jax.grad(lambda x: jnp.sum(f(x)))],
+    ids=["jit", "vmap", "grad"],
+)
+def test_updating_a_variable_passed_to_a_jax_transformation_raises(transform, update, phrase):
     v = statevar.Variable([1.0, 2.0], name="arg")
+    before = _snapshot(v)
+
+    def step(x):
+        update(x)
+        return x.value
 
     with pytest.raises(
         statevar.TraceContextError,
-        match=r"Cannot assign_add to Variable 'arg' inside jax.jit or another JAX transformation",
+        match=rf"Cannot {phrase} Variable 'arg' inside jax.jit.* or another JAX transformation",
     ):
-        jax.jit(lambda x: x.assign_add(1.0))(v)
+        transform(step)(v)
 
-    chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
+    _assert_unchanged(v, before)
 
 
 @pytest.mark.parametrize(

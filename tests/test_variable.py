@@ -101,6 +101,16 @@ def test_creation_from_a_jax_array_copies_it():
     chex.assert_trees_all_close(v.value, jnp.arange(4.0) + 1)
 
 
+def test_creation_from_a_deleted_array_raises_value_error():
+    source = jnp.arange(4.0)
+    source.delete()
+
+    with pytest.raises(
+        ValueError, match=r"Cannot create Variable 'w' from a float32\[4\] array that has been"
+    ):
+        statevar.Variable(source, name="w")
+
+
 def test_creation_from_a_variable_copies_it():
     original = statevar.Variable([1.0, 2.0])
 
