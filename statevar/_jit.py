@@ -19,7 +19,9 @@ from ._grad import read_variables
 from ._module import Module
 from ._variable import Variable
 
-_getrefcount = sys.getrefcount
+# Bound once: a compiled call is a hot path.
+_getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
+_acquire, _release = _update.state_lock.acquire, _update.state_lock.release
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 # The exact types of the concrete (non-tracer) array arguments seen so far; the fast path of
 # a call accepts arguments of these types only.
@@ -103,15 +105,11 @@ class JitFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the function: the general path, which `jit`'s wrapper takes unless the call
+        has only concrete array arguments and was compiled before."""
         if _trace.open_frames and _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
-        if not kwargs and not self._has_static and set(map(type, args)) <= _CONCRETE_TYPES:
-            # Fast path for the common step(x, y): only concrete arrays and scalars, so the
-            # key needs no flatten and no argument can be a tracer.
-            entry = self._entries.get(len(args))
-            if entry is not None:
-                return self._run(len(args), entry, list(args))
         leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=_is_state)
         key_parts: list[Any] = [treedef]
         dynamic, arg_variables, fixed = [], [], []
@@ -148,10 +146,11 @@ class JitFunction:
             if tuple(v._trainable for v in entry.lifted) != entry.flags:
                 entry = self._entries[key] = self._compile(entry.split, entry.extra)
             entry.epoch = _variable.trainable_epoch[0]
-        with _update.state_lock:
+        _acquire()  # rather than `with _update.state_lock`, which costs twice as much
+        try:
             arrays = [v._value for v in entry.lifted]
             # One pass in C for the common case: every array held by its variable alone.
-            if arrays and max(map(_getrefcount, arrays)) > _update.SOLE_HOLDER_IN_MAP:
+            if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
                 arrays = _update.copy_shared(arrays)
             try:
                 result, values, extra = entry.jitted(arrays, dynamic)
@@ -176,6 +175,8 @@ class JitFunction:
             if extra:
                 for variable, value in zip(entry.written_unlifted, extra, strict=True):
                     variable._value = value
+        finally:
+            _release()
         if entry.unlifted:
             # The trace touched variables it could not see beforehand (reads used their
             # current values); lift them from the next call on.
@@ -301,7 +302,25 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     """
     if fn is None:
         return functools.partial(jit, **jit_kwargs)
-    return JitFunction(fn, **jit_kwargs)
+    compiled = JitFunction(fn, **jit_kwargs)
+    entries, run, general = compiled._entries, compiled._run, compiled.__call__
+    accepts = _CONCRETE_TYPES.issuperset
+
+    # A plain function rather than the JitFunction itself: it binds as a method, and Python
+    # calls it faster than an object's __call__.
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs and not _trace.open_frames and accepts(map(type, args)):
+            # Fast path for the common step(x, y): only concrete arrays and scalars, so the
+            # key needs no flatten and no argument can be a tracer. Only calls without
+            # variables, modules or static arguments are compiled under this key.
+            entry = entries.get(len(args))
+            if entry is not None:
+                return run(len(args), entry, list(args))
+        return general(*args, **kwargs)
+
+    call._statevar_jit = compiled
+    return call
 
 
 def closure_variables(fn: Any) -> list[Variable]:
@@ -335,8 +354,8 @@ def closure_variables(fn: Any) -> list[Variable]:
             collect(obj.func, depth + 1)
             collect(obj.args, depth + 1)
             collect(obj.keywords, depth + 1)
-        elif isinstance(obj, JitFunction):
-            collect(obj._fn, depth + 1)
+        elif isinstance(getattr(obj, "_statevar_jit", None), JitFunction):
+            collect(obj._statevar_jit._fn, depth + 1)
         elif isinstance(obj, types.FunctionType) and (depth == 0 or obj.__module__ == home):
             try:
                 names = inspect.getclosurevars(obj)

@@ -118,6 +118,30 @@ def test_variables_passed_as_arguments_directly_in_containers_and_in_modules():
     chex.assert_trees_all_close(out, 201.0)  # reads see the assignment made just before
 
 
+def test_a_compiled_method_binds_its_instance():
+    traces = []
+
+    class Counter(statevar.Module):
+        def __init__(self, start):
+            self.count = statevar.Variable(start)
+
+        @statevar.jit
+        def step(self, x):
+            traces.append(None)
+            self.count.assign_add(x)
+            return self.count.value * 2
+
+    first, second = Counter(0.0), Counter(10.0)
+    for _ in range(3):
+        first.step(1.0)
+    out = second.step(jnp.float32(1.0))
+
+    assert (float(first.count), float(second.count)) == (3.0, 11.0)
+    chex.assert_trees_all_close(out, 22.0)
+    assert len(traces) == 2  # once per instance, not per call
+    assert Counter.step.__name__ == "step"
+
+
 def test_different_variables_passed_in_the_same_slot_each_get_their_update():
     @statevar.jit
     def bump(v):
