@@ -151,17 +151,20 @@ def check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) ->
             )
 
 
-def check_not_deleted(value: Any, name: str, operation: str) -> None:
+def check_not_deleted(value: Any, action: str) -> None:
     """Refuses a value that is a deleted array (donated to a jitted function, or deleted).
+
+    Args:
+      value: the value given to create or update a variable.
+      action: what was attempted, for the message (``"Cannot assign to Variable 'w'"``).
 
     Raises:
       ValueError: if ``value`` is a concrete `jax.Array` that has been deleted.
     """
     if is_concrete_array(value) and value.is_deleted():
         raise ValueError(
-            f"Cannot {PHRASES[operation]} Variable '{name}': the value is a {value.dtype}"
-            f"{list(value.shape)} array that has been deleted (donated to a jitted function "
-            "or deleted with .delete()); the variable is unchanged"
+            f"{action}: the value is a {value.dtype}{list(value.shape)} array that has been "
+            "deleted (donated to a jitted function or deleted with .delete())"
         ) from None
 
 
@@ -211,8 +214,8 @@ def convert_for_update(
 
     if isinstance(value, Variable):
         value = value._read()
-    check_not_deleted(value, variable.name, operation)
     operation, name, dtype = PHRASES[operation], variable.name, current.dtype
+    check_not_deleted(value, f"Cannot {operation} Variable '{name}'")
     if isinstance(value, (jax.Array, np.ndarray, np.generic)):
         source, shape = family(value.dtype), value.shape
         described = value.dtype

@@ -91,12 +91,7 @@ class Variable:
         _trace.check_creation(label)
         if isinstance(initial_value, Variable):
             initial_value = initial_value._read()
-        if is_concrete_array(initial_value) and initial_value.is_deleted():
-            raise ValueError(
-                f"Cannot create Variable '{label}' from a {initial_value.dtype}"
-                f"{list(initial_value.shape)} array that has been deleted (donated to a jitted "
-                "function or deleted with .delete())"
-            )
+        check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
         if isinstance(initial_value, Tracer):
             raise TraceContextError(
                 f"Cannot create Variable '{label}' from a traced value inside a JAX "
@@ -308,6 +303,8 @@ class Variable:
 
         A whole-variable update (``index`` None) validates ``value`` here; setitem and
         setmask validate it against the indexed part first and pass their index operands.
+        Donates the old buffer when nothing else holds it, else copies it: arrays read
+        earlier stay valid.
         """
         current = self._value
         concrete = type(current)  # the variable's array type: concrete, never a tracer
@@ -345,7 +342,7 @@ class Variable:
             self._value = new
         except RuntimeError:
             # An array deleted (donated elsewhere) after it passed the fast path above.
-            check_not_deleted(value, self.name, operation)
+            check_not_deleted(value, f"Cannot {PHRASES[operation]} Variable '{self.name}'")
             raise
         finally:
             _release()

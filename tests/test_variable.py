@@ -106,7 +106,8 @@ def test_creation_from_a_deleted_array_raises_value_error():
     source.delete()
 
     with pytest.raises(
-        ValueError, match=r"Cannot create Variable 'w' from a float32\[4\] array that has been"
+        ValueError,
+        match=r"Cannot create Variable 'w': the value is a float32\[4\] array that has been",
     ):
         statevar.Variable(source, name="w")
 
