@@ -84,8 +84,9 @@ def _named_variables(target: Any) -> dict[str, Variable]:
         if key in named and named[key] is not variable:
             raise ValueError(
                 f"Two variables in the checkpoint target have the name {key!r} (at "
-                f"{where[key]} and {path}); give them distinct name= values, or hold them in "
-                "a statevar.Module, which names unnamed variables by their path"
+                f"{where[key]} and {path}); give them distinct name= values (for the state "
+                "of two Optimizers, Optimizer(..., name=...)), or hold them in a "
+                "statevar.Module, which names unnamed variables by their path"
             )
         if key_of.get(id(variable), key) != key:
             first = key_of[id(variable)]

@@ -27,10 +27,12 @@ class Optimizer:
       variables: a Variable, a Module, or a list, tuple or dict of them; the trainable,
         floating-point ones are optimized. Gradients passed to `apply` mirror this
         structure, as `statevar.grad` gives them for the same ``wrt``.
+      name: the prefix of the state variables' names (``"optimizer/0"``, ...); give two
+        optimizers saved in one checkpoint different names.
 
     Raises:
-      TypeError: if ``tx`` is not an optax transformation or ``variables`` holds anything
-        but Variables and Modules.
+      TypeError: if ``tx`` is not an optax transformation, ``variables`` holds anything
+        but Variables and Modules, or ``name`` is not a str.
 
     Example:
       >>> import optax, statevar
@@ -41,12 +43,16 @@ class Optimizer:
       <Variable 'Variable' shape=(2,) dtype=float32, numpy=array([0., 0.], dtype=float32)>
     """
 
-    def __init__(self, tx: optax.GradientTransformation, variables: Any):
+    def __init__(
+        self, tx: optax.GradientTransformation, variables: Any, *, name: str = "optimizer"
+    ):
         if not (hasattr(tx, "init") and hasattr(tx, "update")):
             raise TypeError(
                 f"Expected an optax.GradientTransformation such as optax.adam(1e-3), got "
                 f"{type(tx).__name__}"
             )
+        if not isinstance(name, str):
+            raise TypeError(f"Expected the Optimizer's name to be a str, got {type(name).__name__}")
         self._tx = tx
         leaves, self._treedef = jax.tree.flatten(
             variable_tree(variables, "the Optimizer's variables"), is_leaf=_is_variable
@@ -56,7 +62,7 @@ class Optimizer:
         state = tx.init([v.value for v in self._params])
         state_leaves, self._state_treedef = jax.tree.flatten(state)
         self._state = tuple(
-            Variable(leaf, trainable=False, name=f"optimizer/{i}")
+            Variable(leaf, trainable=False, name=f"{name}/{i}")
             for i, leaf in enumerate(state_leaves)
         )
         self._compiled_apply = jit(self._apply_traced)

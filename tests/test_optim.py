@@ -99,6 +99,41 @@ def test_gradient_must_be_an_array():
         opt.apply(["oops"])
 
 
+def test_two_named_optimizers_save_and_restore_in_one_checkpoint(tmp_path):
+    a, b = statevar.Variable([1.0, 2.0], name="a"), statevar.Variable([3.0], name="b")
+    first = statevar.Optimizer(optax.adam(0.1), a, name="first")
+    second = statevar.Optimizer(optax.adam(0.1), b, name="second")
+    first.apply(jnp.ones(2))
+    second.apply(jnp.ones(1))
+    target = [a, b, first.state_variables, second.state_variables]
+    variables = [a, b, *first.state_variables, *second.state_variables]
+    saved = [v.numpy() for v in variables]
+
+    statevar.save(tmp_path / "both", target)
+    first.apply(jnp.ones(2))
+    second.apply(jnp.ones(1))
+    statevar.restore(tmp_path / "both", target)
+
+    assert [v.name for v in first.state_variables][:2] == ["first/0", "first/1"]
+    chex.assert_trees_all_close([v.numpy() for v in variables], saved)
+
+
+def test_two_unnamed_optimizers_in_one_checkpoint_are_refused_with_the_fix(tmp_path):
+    a, b = statevar.Variable([1.0, 2.0], name="a"), statevar.Variable([3.0], name="b")
+    first = statevar.Optimizer(optax.adam(0.1), a)
+    second = statevar.Optimizer(optax.adam(0.1), b)
+
+    with pytest.raises(
+        ValueError, match=r"Two variables .* name 'optimizer/0'.*Optimizer\(\.\.\., name=\.\.\.\)"
+    ):
+        statevar.save(tmp_path / "both", [a, b, first.state_variables, second.state_variables])
+
+
+def test_optimizer_name_must_be_a_string():
+    with pytest.raises(TypeError, match="Expected the Optimizer's name to be a str, got int"):
+        statevar.Optimizer(optax.sgd(0.1), statevar.Variable(1.0), name=3)
+
+
 def test_tx_must_be_an_optax_transformation():
     with pytest.raises(TypeError, match="Expected an optax.GradientTransformation"):
         statevar.Optimizer("adam", statevar.Variable(1.0))
