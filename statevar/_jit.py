@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import sys
 import types
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from . import _trace, _update, _variable
 from ._convert import Tracer
 from ._errors import StatevarError, TraceContextError
 from ._grad import read_variables
-from ._module import Module
+from ._module import Module, Structure, variables_and_structure
 from ._variable import Variable
 
 # Bound once: a compiled call is a hot path.
@@ -100,6 +101,12 @@ class JitFunction:
         self._fn = fn
         self._jit_kwargs = jit_kwargs
         self._entries: dict[Any, _Entry] = {}
+        # For calls whose arguments are arrays, Variables and Modules only: by argument
+        # types, the positions of the Variables and Modules and of the arrays; by argument
+        # types and the ids of the Variables and Modules, the entry's key and the structures
+        # of the Modules when it was made.
+        self._plans: dict[tuple[type, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._by_state: dict[tuple, tuple[Any, list[Structure]]] = {}
         self._static_positions_cache: dict[Any, frozenset[int]] = {}
         self._has_static = bool(self._static_argnums or self._static_argnames)
         functools.update_wrapper(self, fn)
@@ -112,7 +119,8 @@ class JitFunction:
             return self._fn(*args, **kwargs)
         leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=_is_state)
         key_parts: list[Any] = [treedef]
-        dynamic, arg_variables, fixed = [], [], []
+        dynamic, arg_variables, fixed, structures = [], [], [], []
+        flat = True  # no static argument among the leaves
         for position, leaf in enumerate(leaves):
             if isinstance(leaf, _ARRAY_TYPES) and not self._is_static(treedef, position):
                 if isinstance(leaf, Tracer):
@@ -124,12 +132,14 @@ class JitFunction:
                 arg_variables.append(leaf)
                 key_parts.append((position, id(leaf)))
             elif isinstance(leaf, Module):
-                variables = leaf.variables
+                variables, structure = variables_and_structure(leaf)
+                structures.append(structure)
                 arg_variables.extend(variables)
                 # Keyed on the module's variables too, so replacing one retraces.
                 key_parts.append((position, id(leaf), tuple(map(id, variables))))
             else:
                 key_parts.append((position, _static_key(leaf, self.__name__)))
+                flat = False
             fixed.append((position, leaf))
         if not fixed and not kwargs and all(isinstance(a, _ARRAY_TYPES) for a in args):
             key: Any = len(args)
@@ -138,6 +148,24 @@ class JitFunction:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = self._compile((treedef, fixed, arg_variables), ())
+        if (
+            fixed
+            and flat
+            and not kwargs
+            and not self._has_static
+            and len(leaves) == len(args)
+            and all(map(operator.is_, leaves, args))
+        ):
+            # Every argument is an array, a Variable or a Module: later calls with the same
+            # argument types, Variables and Modules find this entry without flattening or
+            # walking (see `jit`), while the Modules' structures are unchanged.
+            types = tuple(map(type, args))
+            state = tuple(position for position, _ in fixed)
+            self._plans[types] = (state, tuple(i for i in range(len(args)) if i not in state))
+            self._by_state[(types, tuple(map(id, map(args.__getitem__, state))))] = (
+                key,
+                structures,
+            )
         return self._run(key, entry, dynamic)
 
     def _run(self, key: Any, entry: _Entry, dynamic: list[Any]) -> Any:
@@ -304,19 +332,32 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         return functools.partial(jit, **jit_kwargs)
     compiled = JitFunction(fn, **jit_kwargs)
     entries, run, general = compiled._entries, compiled._run, compiled.__call__
+    plans, by_state = compiled._plans, compiled._by_state
     accepts = _CONCRETE_TYPES.issuperset
 
     # A plain function rather than the JitFunction itself: it binds as a method, and Python
     # calls it faster than an object's __call__.
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs and not _trace.open_frames and accepts(map(type, args)):
-            # Fast path for the common step(x, y): only concrete arrays and scalars, so the
-            # key needs no flatten and no argument can be a tracer. Only calls without
-            # variables, modules or static arguments are compiled under this key.
-            entry = entries.get(len(args))
-            if entry is not None:
-                return run(len(args), entry, list(args))
+        if not kwargs and not _trace.open_frames:
+            types = tuple(map(type, args))
+            if accepts(types):
+                # Fast path for the common step(x, y): only concrete arrays and scalars, so
+                # the key needs no flatten and no argument can be a tracer. Only calls
+                # without variables, modules or static arguments are compiled under it.
+                entry = entries.get(len(args))
+                if entry is not None:
+                    return run(len(args), entry, list(args))
+            else:
+                # Fast path for step(model, x) and methods: arrays, Variables and Modules
+                # seen before, as long as the Modules still hold the same objects.
+                plan = plans.get(types)
+                if plan is not None:
+                    state, arrays = plan
+                    found = by_state.get((types, tuple(map(id, map(args.__getitem__, state)))))
+                    if found is not None and all(s.unchanged() for s in found[1]):
+                        key = found[0]
+                        return run(key, entries[key], list(map(args.__getitem__, arrays)))
         return general(*args, **kwargs)
 
     call._statevar_jit = compiled

@@ -30,10 +30,13 @@ class Module:
       ['layers/0/kernel', 'layers/0/bias', 'layers/1/kernel', 'layers/1/bias', 'step']
     """
 
-    def _walk(self, paths: bool = True) -> list[tuple[str, Variable | Module]]:
+    def _walk(
+        self, paths: bool = True, containers: list[Any] | None = None
+    ) -> list[tuple[str, Variable | Module]]:
         """Returns ``(path, item)`` for every Variable and Module below this one, once each,
-        in attribute order; with ``paths=False`` every path is ``""`` (faster: `variables`
-        runs on every call of a compiled method)."""
+        in attribute order; with ``paths=False`` every path is ``""`` (faster). Appends
+        each container it looks into to ``containers``, if given, as a live view of the
+        values it holds."""
         seen: set[int] = {id(self)}
         found: list[tuple[str, Variable | Module]] = []
 
@@ -48,13 +51,19 @@ class Module:
                     found.append((path, obj))
                     children(obj, path + "/" if paths else "")
             elif isinstance(obj, (list, tuple)):
+                if containers is not None:
+                    containers.append(obj)
                 for i, item in enumerate(obj):
                     visit(item, f"{path}/{i}" if paths else "")
             elif isinstance(obj, dict):
+                if containers is not None:
+                    containers.append(obj.values())
                 for key, item in obj.items():
                     visit(item, f"{path}/{key}" if paths else "")
 
         def children(module: Module, prefix: str) -> None:
+            if containers is not None:
+                containers.append(vars(module).values())
             for attribute, obj in vars(module).items():
                 visit(obj, prefix + attribute if paths else "")
 
@@ -103,6 +112,40 @@ class Module:
 
     def _statevar_variables(self) -> tuple[Variable, ...]:
         return self.variables
+
+
+class Structure:
+    """The containers a Module's variables were found through, and what each held.
+
+    `unchanged` tells, in one pass over those containers, whether walking the Module again
+    would find the same variables in the same order: `statevar.jit` checks it instead of
+    walking a Module argument on every call.
+    """
+
+    __slots__ = ("_records",)
+
+    def __init__(self, containers: list[Any]):
+        # Each record keeps the objects whose ids it compares, so that no new object can
+        # take one of those ids while the record exists.
+        records = []
+        for live in containers:
+            held = tuple(live)
+            records.append((live, tuple(map(id, held)), held))
+        self._records = records
+
+    def unchanged(self) -> bool:
+        """Whether every container still holds the same objects, in the same order."""
+        for live, ids, _ in self._records:
+            if tuple(map(id, live)) != ids:
+                return False
+        return True
+
+
+def variables_and_structure(module: Module) -> tuple[tuple[Variable, ...], Structure]:
+    """Returns ``module.variables`` and the `Structure` they were found through."""
+    containers: list[Any] = []
+    found = module._walk(paths=False, containers=containers)
+    return tuple(item for _, item in found if isinstance(item, Variable)), Structure(containers)
 
 
 def _is_variable(x: Any) -> bool:

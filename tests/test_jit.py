@@ -256,6 +256,122 @@ def test_replacing_a_variable_in_a_module_argument_retraces():
     assert (float(old), float(holder.w)) == (2.0, 101.0)
 
 
+class _Block(statevar.Module):
+    def __init__(self, start):
+        self.w = statevar.Variable(start)
+
+
+class _Net(statevar.Module):
+    def __init__(self):
+        self.first = _Block(0.0)
+        self.blocks = [_Block(10.0)]
+        self.by_name = {"a": _Block(20.0)}
+
+
+def _bump_all(net):
+    for variable in net.variables:
+        variable.assign_add(1.0)
+
+
+class _SteppedNet(_Net):
+    bump = statevar.jit(_bump_all)
+
+
+def _replace_attribute(net):
+    net.first.w = statevar.Variable(100.0)
+    return net.first.w
+
+
+def _replace_list_item(net):
+    net.blocks[0] = _Block(200.0)
+    return net.blocks[0].w
+
+
+def _append_to_list(net):
+    net.blocks.append(_Block(300.0))
+    return net.blocks[1].w
+
+
+def _replace_dict_item(net):
+    net.by_name["a"] = _Block(400.0)
+    return net.by_name["a"].w
+
+
+def _add_attribute(net):
+    net.extra = statevar.Variable(500.0)
+    return net.extra
+
+
+def _replace_submodule(net):
+    net.first = _Block(600.0)
+    return net.first.w
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _replace_attribute,
+        _replace_list_item,
+        _append_to_list,
+        _replace_dict_item,
+        _add_attribute,
+        _replace_submodule,
+    ],
+)
+@pytest.mark.parametrize("form", ["argument", "method"])
+def test_a_changed_module_argument_is_walked_again_on_the_next_call(form, change):
+    # Repeated calls with the same Module skip walking it while nothing it holds changed;
+    # any change is seen by the next call, which updates the variables the Module now holds.
+    if form == "method":
+        net = _SteppedNet()
+        call = net.bump
+    else:
+        net, compiled = _Net(), statevar.jit(_bump_all)
+        call = lambda: compiled(net)  # noqa: E731
+    call()
+    call()
+    old = {v: float(v) for v in net.variables}
+
+    new = change(net)
+    start = float(new)
+    call()
+
+    held = set(net.variables)
+    assert float(new) == start + 1
+    for variable, value in old.items():
+        assert float(variable) == (value + 1 if variable in held else value)
+
+
+def test_an_unchanged_module_argument_is_not_walked_again(monkeypatch):
+    net = _Net()
+
+    @statevar.jit
+    def bump(model, x):
+        model.first.w.assign_add(x)
+
+    bump(net, 1.0)
+    walks = []
+    real = statevar.Module._walk
+    monkeypatch.setattr(
+        statevar.Module, "_walk", lambda self, *a, **k: walks.append(self) or real(self, *a, **k)
+    )
+    bump(net, 1.0)
+    bump(net, 2.0)
+    assert walks == [] and float(net.first.w) == 4.0
+
+
+def test_a_list_argument_holding_one_array_is_not_mistaken_for_the_array():
+    net = _Net()
+
+    @statevar.jit
+    def bump(model, xs):
+        model.first.w.assign_add(xs[0])
+
+    for _ in range(3):
+        bump(net, [jnp.float32(1.0)])
+    assert float(net.first.w) == 3.0
+
+
 def test_toggling_an_unrelated_flag_does_not_retrace():
     w = statevar.Variable(1.0)
     unrelated = statevar.Variable(1.0)
