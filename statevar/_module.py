@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from ._variable import Variable
@@ -35,8 +36,7 @@ class Module:
     ) -> list[tuple[str, Variable | Module]]:
         """Returns ``(path, item)`` for every Variable and Module below this one, once each,
         in attribute order; with ``paths=False`` every path is ``""`` (faster). Appends
-        each container it looks into to ``containers``, if given, as a live view of the
-        values it holds."""
+        each Module, list, tuple and dict it looks into to ``containers``, if given."""
         seen: set[int] = {id(self)}
         found: list[tuple[str, Variable | Module]] = []
 
@@ -57,13 +57,13 @@ class Module:
                     visit(item, f"{path}/{i}" if paths else "")
             elif isinstance(obj, dict):
                 if containers is not None:
-                    containers.append(obj.values())
+                    containers.append(obj)
                 for key, item in obj.items():
                     visit(item, f"{path}/{key}" if paths else "")
 
         def children(module: Module, prefix: str) -> None:
             if containers is not None:
-                containers.append(vars(module).values())
+                containers.append(module)
             for attribute, obj in vars(module).items():
                 visit(obj, prefix + attribute if paths else "")
 
@@ -125,17 +125,27 @@ class Structure:
     __slots__ = ("_records",)
 
     def __init__(self, containers: list[Any]):
-        # Each record keeps the objects whose ids it compares, so that no new object can
-        # take one of those ids while the record exists.
         records = []
-        for live in containers:
+        for container in containers:
+            owner = namespace = None
+            if isinstance(container, Module):
+                # A Module is checked through its attribute dict, which could be replaced
+                # wholesale; the weak reference lets the Module be freed.
+                owner, namespace = weakref.ref(container), vars(container)
+                live = namespace.values()
+            else:
+                live = container.values() if isinstance(container, dict) else container
+            # Each record keeps the objects whose ids it compares, so that no new object can
+            # take one of those ids while the record exists.
             held = tuple(live)
-            records.append((live, tuple(map(id, held)), held))
+            records.append((owner, namespace, live, tuple(map(id, held)), held))
         self._records = records
 
     def unchanged(self) -> bool:
         """Whether every container still holds the same objects, in the same order."""
-        for live, ids, _ in self._records:
+        for owner, namespace, live, ids, _ in self._records:
+            if owner is not None and getattr(owner(), "__dict__", None) is not namespace:
+                return False
             if tuple(map(id, live)) != ids:
                 return False
         return True

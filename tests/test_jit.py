@@ -307,6 +307,11 @@ def _replace_submodule(net):
     return net.first.w
 
 
+def _replace_attribute_dict(net):
+    net.__dict__ = {**vars(net), "first": _Block(700.0)}
+    return net.first.w
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -316,6 +321,7 @@ def _replace_submodule(net):
         _replace_dict_item,
         _add_attribute,
         _replace_submodule,
+        _replace_attribute_dict,
     ],
 )
 @pytest.mark.parametrize("form", ["argument", "method"])
