@@ -18,7 +18,7 @@ from ._convert import Tracer
 from ._errors import StatevarError, TraceContextError
 from ._grad import read_variables
 from ._module import Module, Structure, variables_and_structure
-from ._variable import Variable
+from ._variable import Variable, View
 
 # Bound once: a compiled call is a hot path.
 _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
@@ -30,7 +30,8 @@ _CONCRETE_TYPES: set[type] = {np.ndarray, bool, int, float, complex}
 
 
 def _is_state(x: Any) -> bool:
-    return isinstance(x, (Variable, Module))
+    # A View is a snapshot of a value (see `_variable.View`): it is passed as its array.
+    return isinstance(x, (Variable, Module)) and not isinstance(x, View)
 
 
 class _Entry:
@@ -379,7 +380,8 @@ def closure_variables(fn: Any) -> list[Variable]:
             return
         seen.add(id(obj))
         if isinstance(obj, Variable):
-            found[obj] = None
+            if not isinstance(obj, View):
+                found[obj] = None
         elif hasattr(type(obj), "_statevar_variables"):
             found.update(dict.fromkeys(obj._statevar_variables()))
         elif isinstance(obj, (list, tuple, set, frozenset)):

@@ -396,18 +396,19 @@ class Variable:
         return self._read().__index__()
 
     def __deepcopy__(self, memo: dict) -> Variable:
-        return Variable(
-            self._read(), trainable=self._trainable, name=self._name, device=self.device
-        )
+        value = self._read()
+        device = self.device if is_concrete_array(value) else None  # a view may hold NumPy
+        return Variable(value, trainable=self._trainable, name=self._name, device=device)
 
     # Pytree: a Variable flattens to its value, so plain jax.jit, jax.tree and jnp
-    # functions accept it; an unflattened Variable is a read-only view inside the trace.
+    # functions accept it. What they unflatten is a read-only view of the value they hold
+    # (a tracer inside plain jax.jit, an array after jax.tree.map), not the variable.
     def tree_flatten(self) -> tuple[tuple[jax.Array], tuple[str | None, bool]]:
         return (self._read(),), (self._name, self._trainable)
 
     @classmethod
     def tree_unflatten(cls, aux: tuple[str | None, bool], children: tuple[Any]) -> Variable:
-        view = object.__new__(_TracedView if isinstance(children[0], Tracer) else cls)
+        view = object.__new__(View)
         view._name, view._trainable = aux
         view._value = children[0]
         return view
@@ -416,12 +417,27 @@ class Variable:
 jax.tree_util.register_pytree_node_class(Variable)
 
 
-class _TracedView(Variable):
-    """A Variable passed into plain `jax.jit`, `jax.grad` or `jax.vmap`: it reads its traced
-    value and refuses updates, which could not reach the variable outside the trace."""
+class View(Variable):
+    """What JAX's tree functions make of a Variable: a read-only view of one value.
+
+    Inside plain `jax.jit`, `jax.grad` or `jax.vmap` a Variable argument becomes a view of
+    its tracer; `jax.tree.map` and `jax.device_get` give views of their results. A view
+    reads like the variable and refuses updates, which could never reach the variable;
+    `statevar.jit` and `statevar.grad` never lift one.
+    """
+
+    def _read(self) -> Any:
+        # Its own value, never a traced one: a view is not lifted, and is never updated.
+        return self._value
 
     def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
-        raise _traced_update_error(self, operation)
+        if isinstance(self._value, Tracer):
+            raise _traced_update_error(self, operation)
+        raise TypeError(
+            f"Cannot {PHRASES[operation]} Variable '{self.name}': this is a read-only view "
+            "made by a JAX tree function such as jax.tree.map or jax.device_get, not the "
+            "variable. Update the Variable itself, or create a new one from the view."
+        )
 
 
 def _traced_update_error(variable: Variable, operation: str) -> TraceContextError:

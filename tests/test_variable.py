@@ -325,6 +325,59 @@ def test_variable_flattens_to_its_value():
     chex.assert_trees_all_close(leaf, jnp.array([1.0, 2.0]))
 
 
+@pytest.mark.parametrize(
+    "make_view",
+    [lambda v: jax.tree.map(lambda x: x * 2, v), jax.device_get],
+    ids=["tree_map", "device_get"],
+)
+def test_a_tree_function_result_is_a_read_only_view(make_view):
+    v = statevar.Variable([1.0, 2.0], name="w")
+    view = make_view(v)
+
+    assert isinstance(view, statevar.Variable) and view.name == "w"
+    for update in (
+        lambda: view.assign([3.0, 4.0]),
+        lambda: view.assign_add(1.0),
+        lambda: view.__setitem__(0, 5.0),
+    ):
+        with pytest.raises(TypeError, match=r"Variable 'w': this is a read-only view made by"):
+            update()
+    copied = copy.deepcopy(view)  # an independent Variable, also from a NumPy view
+    copied.assign_add(1.0)
+    np.testing.assert_array_equal(np.asarray(view), make_view(v))
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(copied.numpy(), np.asarray(make_view(v)) + 1)
+
+
+def test_a_view_made_inside_statevar_jit_reads_its_traced_value_on_every_call():
+    w1, w2 = statevar.Variable(jnp.ones(3)), statevar.Variable(jnp.ones(2))
+
+    @statevar.jit
+    def step(x):
+        squares = jax.tree.map(lambda p: jnp.sum(p**2), [w1, w2])
+        w1.assign_sub(0.1 * x)
+        return sum(jax.tree.leaves(squares))
+
+    results = [float(step(1.0)) for _ in range(3)]
+
+    np.testing.assert_allclose(results, [5.0, 2 + 3 * 0.9**2, 2 + 3 * 0.8**2], rtol=1e-6)
+
+
+def test_a_view_passed_to_statevar_jit_is_read_as_its_array():
+    v = statevar.Variable([1.0, 2.0])
+    total = statevar.Variable(0.0)
+
+    @statevar.jit
+    def accumulate(snapshot):
+        total.assign_add(jnp.sum(snapshot.value))
+
+    accumulate(jax.tree.map(lambda x: x * 10, v))
+    accumulate(jax.tree.map(lambda x: x * 100, v))
+
+    assert float(total) == 330.0
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+
+
 # ----------------------------------------------------------------------- shape is fixed
 
 
