@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import operator
@@ -111,6 +112,9 @@ class JitFunction:
         self._static_positions_cache: dict[Any, frozenset[int]] = {}
         self._has_static = bool(self._static_argnums or self._static_argnames)
         functools.update_wrapper(self, fn)
+        if not hasattr(self, "__name__"):  # a functools.partial or a callable object
+            inner = fn.func if isinstance(fn, functools.partial) else fn
+            self.__name__ = getattr(inner, "__name__", type(inner).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the function: the general path, which `jit`'s wrapper takes unless the call
@@ -331,14 +335,14 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     """
     if fn is None:
         return functools.partial(jit, **jit_kwargs)
+    if isinstance(fn, (staticmethod, classmethod)):
+        # @statevar.jit above @staticmethod or @classmethod: compile the function inside.
+        return type(fn)(jit(fn.__func__, **jit_kwargs))
     compiled = JitFunction(fn, **jit_kwargs)
     entries, run, general = compiled._entries, compiled._run, compiled.__call__
     plans, by_state = compiled._plans, compiled._by_state
     accepts = _CONCRETE_TYPES.issuperset
 
-    # A plain function rather than the JitFunction itself: it binds as a method, and Python
-    # calls it faster than an object's __call__.
-    @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         if not kwargs and not _trace.open_frames:
             types = tuple(map(type, args))
@@ -361,8 +365,38 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                         return run(key, entries[key], list(map(args.__getitem__, arrays)))
         return general(*args, **kwargs)
 
-    call._statevar_jit = compiled
-    return call
+    return functools.update_wrapper(CompiledFunction(call, compiled, jit_kwargs), fn)
+
+
+class CompiledFunction(functools.partial):
+    """What `jit` returns: a function that binds as a method and deep-copies with its
+    instance.
+
+    A `functools.partial` of the calling function, which Python calls about as fast as a
+    plain function (much faster than an object's ``__call__``).
+    """
+
+    def __new__(
+        cls, call: Callable, compiled: JitFunction, jit_kwargs: dict[str, Any]
+    ) -> CompiledFunction:
+        self = super().__new__(cls, call)
+        self.jit_function = compiled
+        self._jit_kwargs = jit_kwargs
+        return self
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __copy__(self) -> CompiledFunction:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> CompiledFunction:
+        # A copy compiles the deep copy of the function: for a bound method (say, an
+        # Optimizer's), one bound to the copied object, which updates the copied variables.
+        return jit(copy.deepcopy(self.jit_function._fn, memo), **self._jit_kwargs)
+
+    def __repr__(self) -> str:
+        return f"<statevar.jit function {self.jit_function.__name__}>"
 
 
 def closure_variables(fn: Any) -> list[Variable]:
@@ -393,12 +427,12 @@ def closure_variables(fn: Any) -> list[Variable]:
         elif isinstance(obj, types.MethodType):
             collect(obj.__self__, depth + 1)
             collect(obj.__func__, depth + 1)
+        elif isinstance(obj, CompiledFunction):
+            collect(obj.jit_function._fn, depth + 1)
         elif isinstance(obj, functools.partial):
             collect(obj.func, depth + 1)
             collect(obj.args, depth + 1)
             collect(obj.keywords, depth + 1)
-        elif isinstance(getattr(obj, "_statevar_jit", None), JitFunction):
-            collect(obj._statevar_jit._fn, depth + 1)
         elif isinstance(obj, types.FunctionType) and (depth == 0 or obj.__module__ == home):
             try:
                 names = inspect.getclosurevars(obj)

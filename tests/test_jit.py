@@ -1,5 +1,8 @@
 """statevar.jit: reading and assigning variables in compiled functions."""
 
+import copy
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -140,6 +143,72 @@ def test_a_compiled_method_binds_its_instance():
     chex.assert_trees_all_close(out, 22.0)
     assert len(traces) == 2  # once per instance, not per call
     assert Counter.step.__name__ == "step"
+
+
+class _Counter(statevar.Module):
+    def __init__(self):
+        self.count = statevar.Variable(0.0)
+        self.step = statevar.jit(self._step)  # compiled per instance, as a bound method
+
+    def _step(self, x):
+        self.count.assign_add(x)
+
+
+def test_a_deep_copy_of_a_module_holding_a_compiled_method_updates_the_copy():
+    original = _Counter()
+    original.step(1.0)
+
+    duplicate = copy.deepcopy(original)
+    duplicate.step(10.0)
+    original.step(1.0)
+
+    assert (float(original.count), float(duplicate.count)) == (2.0, 11.0)
+
+
+def test_compiled_static_and_class_methods():
+    class Scaler:
+        factor = 3.0
+        total = statevar.Variable(0.0)
+
+        @statevar.jit
+        @staticmethod
+        def double(x):
+            return x * 2
+
+        @statevar.jit
+        @classmethod
+        def add_scaled(cls, x):
+            cls.total.assign_add(cls.factor * x)
+            return cls.total.value
+
+    assert float(Scaler().double(3.0)) == 6.0 and float(Scaler.double(4.0)) == 8.0
+    Scaler.add_scaled(1.0)
+    assert float(Scaler().add_scaled(1.0)) == 6.0
+
+
+def test_a_global_that_raises_on_attribute_access_does_not_break_compiling():
+    class Strict:
+        def __getattr__(self, name):
+            raise KeyError(name)
+
+    total = statevar.Variable(0.0)
+    namespace = {"strict": Strict(), "total": total}
+    exec("def step(x):\n    strict\n    total.assign_add(x)\n", namespace)
+
+    statevar.jit(namespace["step"])(1.0)
+
+    assert float(total) == 1.0
+
+
+def test_a_compiled_partial_is_named_after_its_function_in_errors():
+    def scaled(factor, items):
+        return factor * sum(items)
+
+    compiled = statevar.jit(functools.partial(scaled, 2.0))
+
+    with pytest.raises(TypeError, match=r"The statevar.jit function 'scaled' got an argument"):
+        compiled([{1}])
+    assert repr(compiled) == "<statevar.jit function scaled>"
 
 
 def test_different_variables_passed_in_the_same_slot_each_get_their_update():

@@ -1,5 +1,7 @@
 """statevar.Optimizer: optax transformations applied in place."""
 
+import copy
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -127,6 +129,18 @@ def test_two_unnamed_optimizers_in_one_checkpoint_are_refused_with_the_fix(tmp_p
         ValueError, match=r"Two variables .* name 'optimizer/0'.*Optimizer\(\.\.\., name=\.\.\.\)"
     ):
         statevar.save(tmp_path / "both", [a, b, first.state_variables, second.state_variables])
+
+
+def test_a_deep_copy_of_an_optimizer_updates_the_copied_variables():
+    w = statevar.Variable([1.0, 2.0])
+    opt = statevar.Optimizer(optax.sgd(0.5), w)
+    opt.apply(jnp.ones(2))
+
+    duplicate = copy.deepcopy(opt)
+    duplicate.apply(jnp.ones(2))
+
+    chex.assert_trees_all_close(w.value, jnp.array([0.5, 1.5]))
+    chex.assert_trees_all_close(duplicate.variables[0].value, jnp.array([0.0, 1.0]))
 
 
 def test_optimizer_name_must_be_a_string():
