@@ -8,6 +8,7 @@ import inspect
 import operator
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -56,9 +57,8 @@ class _Entry:
         # next call), and those of them assigned (whose new values the call returns).
         self.unlifted: tuple[Variable, ...] = ()
         self.written_unlifted: tuple[Variable, ...] = ()
-        # How the call's arguments were split: (treedef, fixed, arg_variables). ``fixed``
-        # also keeps the objects whose ids make up this entry's key alive, so the ids are not
-        # reused.
+        # How the call's arguments were split: (treedef, fixed, arg_variables), ``fixed``
+        # holding a reference to each non-array argument by position (see `_reference`).
         self.split = split
         self.extra = extra
         # Gradients depend on which variables are trainable: the trace is valid for these
@@ -152,7 +152,11 @@ class JitFunction:
             key = tuple(key_parts)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = self._compile((treedef, fixed, arg_variables), ())
+            held = [(position, _reference(leaf)) for position, leaf in fixed]
+            entry = self._entries[key] = self._compile((treedef, held, arg_variables), ())
+            for _, leaf in fixed:
+                if isinstance(leaf, Module):
+                    weakref.finalize(leaf, _forget, weakref.ref(self), key)
         if (
             fixed
             and flat
@@ -258,7 +262,7 @@ class JitFunction:
                 next_fixed = next(fixed_iter, None)
                 for position in range(treedef.num_leaves):
                     if next_fixed is not None and next_fixed[0] == position:
-                        leaves.append(next_fixed[1])
+                        leaves.append(next_fixed[1]())
                         next_fixed = next(fixed_iter, None)
                     else:
                         leaves.append(next(remaining))
@@ -276,6 +280,31 @@ class JitFunction:
 
         entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), split, extra)
         return entry
+
+
+def _reference(argument: Any) -> Callable[[], Any]:
+    """Returns a function giving back a non-array argument when the entry is traced.
+
+    A Module is referenced weakly, so that an entry (with its compiled code and the
+    Module's variables) does not keep the Module alive: a compiled method must not keep
+    every instance it ran on. When the Module is freed, `_forget` drops the entries keyed on
+    its id, before the id can be reused. Anything else (a Variable, a static argument) is
+    held: its id is in the entry's key.
+    """
+    if isinstance(argument, Module):
+        return weakref.ref(argument)
+    return lambda: argument
+
+
+def _forget(function_ref: weakref.ref, key: Any) -> None:
+    """Drops the entries of a `JitFunction` keyed on a Module that has been freed."""
+    function = function_ref()
+    if function is None:
+        return
+    function._entries.pop(key, None)
+    for state_key, (entry_key, _) in list(function._by_state.items()):
+        if entry_key == key:
+            function._by_state.pop(state_key, None)
 
 
 def _static_key(leaf: Any, function_name: str) -> Any:

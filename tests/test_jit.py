@@ -2,6 +2,8 @@
 
 import copy
 import functools
+import gc
+import weakref
 
 import chex
 import jax
@@ -163,6 +165,32 @@ def test_a_deep_copy_of_a_module_holding_a_compiled_method_updates_the_copy():
     original.step(1.0)
 
     assert (float(original.count), float(duplicate.count)) == (2.0, 11.0)
+
+
+def test_a_compiled_method_does_not_keep_its_instances_alive():
+    class Model(statevar.Module):
+        def __init__(self):
+            self.w = statevar.Variable(jnp.zeros(1024))
+
+        @statevar.jit
+        def step(self, x):
+            self.w.assign_add(x)
+
+    kept = Model()
+    variables = []
+    for _ in range(3):
+        model = Model()
+        model.step(1.0)
+        model.step(1.0)
+        variables.append(weakref.ref(model.w))
+        del model
+    kept.step(1.0)
+    gc.collect()
+
+    assert [ref() for ref in variables] == [None, None, None]
+    assert len(Model.step.jit_function._entries) == 1  # only the live instance's
+    kept.step(1.0)
+    assert float(kept.w[0]) == 2.0
 
 
 def test_compiled_static_and_class_methods():
