@@ -117,8 +117,8 @@ class JitFunction:
             self.__name__ = getattr(inner, "__name__", type(inner).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Runs the function: the general path, which `jit`'s wrapper takes unless the call
-        has only concrete array arguments and was compiled before."""
+        """Runs the function: the general path, which the `CompiledFunction` takes unless
+        an earlier call with the same kind of arguments left an entry it finds directly."""
         if _trace.open_frames and _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
