@@ -151,19 +151,20 @@ def check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) ->
             )
 
 
-def check_not_deleted(value: Any, action: str) -> None:
+def check_not_deleted(value: Any, action: str, what: str = "value") -> None:
     """Refuses a value that is a deleted array (donated to a jitted function, or deleted).
 
     Args:
-      value: the value given to create or update a variable.
+      value: the value (or index) given to create or update a variable.
       action: what was attempted, for the message (``"Cannot assign to Variable 'w'"``).
+      what: what ``value`` is, for the message.
 
     Raises:
       ValueError: if ``value`` is a concrete `jax.Array` that has been deleted.
     """
     if is_concrete_array(value) and value.is_deleted():
         raise ValueError(
-            f"{action}: the value is a {value.dtype}{list(value.shape)} array that has been "
+            f"{action}: the {what} is a {value.dtype}{list(value.shape)} array that has been "
             "deleted (donated to a jitted function or deleted with .delete())"
         ) from None
 

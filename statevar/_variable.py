@@ -263,7 +263,7 @@ class Variable:
           IndexError: if the index is out of range.
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
-        index = _unwrap(index)
+        index = self._placed_index(_unwrap(index))
         if (
             isinstance(index, (jax.Array, np.ndarray))
             and index.dtype == np.bool_
@@ -297,6 +297,20 @@ class Variable:
             ).shape
         value = convert_for_update(value, self, "setitem", target_shape=target)
         self._update("setitem", value, (dynamic, static))
+
+    def _placed_index(self, index: Any) -> Any:
+        """Refuses deleted index arrays, and copies index arrays on another device to the
+        variable's, as `convert_for_update` does for values."""
+        action = f"Cannot set an item of Variable '{self.name}'"
+
+        def place(part: Any) -> Any:
+            if is_concrete_array(part):
+                check_not_deleted(part, action, what="index")
+                if part.sharding != self._value.sharding:
+                    return jax.device_put(part, self._value.sharding)
+            return part
+
+        return tuple(map(place, index)) if isinstance(index, tuple) else place(index)
 
     def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
         """Applies ``operation`` (a key of `_update.UPDATES`) in place: the eager hot path.
@@ -429,6 +443,9 @@ class View(Variable):
     def _read(self) -> Any:
         # Its own value, never a traced one: a view is not lifted, and is never updated.
         return self._value
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._update("setitem", value)
 
     def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
         if isinstance(self._value, Tracer):

@@ -127,6 +127,13 @@ _UPDATES = {
     "setitem": lambda v: v.__setitem__(0, 4.0),
     "setitem_other_device": lambda v: v.__setitem__(1, jax.device_put(jnp.array(9.0), _cpu(3))),
     "setitem_in_scope": lambda v: _in_scope("cpu:2", lambda: v.__setitem__(0, 1.0)),
+    "setitem_index_elsewhere": lambda v: v.__setitem__(jax.device_put(jnp.array(1), _cpu(3)), 2.0),
+    "setitem_mask_elsewhere": lambda v: v.__setitem__(
+        jax.device_put(jnp.array([True, False]), _cpu(2)), 3.0
+    ),
+    "setitem_indices_elsewhere": lambda v: v.__setitem__(
+        (jax.device_put(jnp.array([0, 1]), _cpu(3)),), jnp.array([4.0, 5.0])
+    ),
     "assign_in_scope": lambda v: _in_scope("cpu:3", lambda: v.assign([1.0, 1.0])),
 }
 

@@ -355,6 +355,24 @@ def test_deleted_array_value_raises_and_leaves_the_variable_bit_identical(operat
 
 
 @pytest.mark.parametrize(
+    "index",
+    [jnp.array(1), jnp.array([0, 1]), jnp.array([True, False])],
+    ids=["scalar", "indices", "mask"],
+)
+def test_deleted_index_array_raises_and_leaves_the_variable_bit_identical(index):
+    v = statevar.Variable([1.0, 2.0], name="v")
+    before = _snapshot(v)
+    index.delete()
+
+    with pytest.raises(
+        ValueError, match=r"Cannot set an item of Variable 'v': the index is a .* array that has"
+    ):
+        v[index] = 5.0
+
+    _assert_unchanged(v, before)
+
+
+@pytest.mark.parametrize(
     ("initial_value", "value", "error"),
     [
         ([1, 2], 1.5, statevar.DtypeMismatchError),
