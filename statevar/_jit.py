@@ -109,9 +109,12 @@ class JitFunction:
         # of the Modules when it was made.
         self._plans: dict[tuple[type, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._by_state: dict[tuple, tuple[Any, list[Structure]]] = {}
+        # The `_by_state` keys of each entry, for `_forget`.
+        self._state_keys: dict[Any, set[tuple]] = {}
         self._static_positions_cache: dict[Any, frozenset[int]] = {}
         self._has_static = bool(self._static_argnums or self._static_argnames)
-        functools.update_wrapper(self, fn)
+        # updated=(): fn's own attributes (a Module's, say) must not replace this object's.
+        functools.update_wrapper(self, fn, updated=())
         if not hasattr(self, "__name__"):  # a functools.partial or a callable object
             inner = fn.func if isinstance(fn, functools.partial) else fn
             self.__name__ = getattr(inner, "__name__", type(inner).__name__)
@@ -171,10 +174,9 @@ class JitFunction:
             types = tuple(map(type, args))
             state = tuple(position for position, _ in fixed)
             self._plans[types] = (state, tuple(i for i in range(len(args)) if i not in state))
-            self._by_state[(types, tuple(map(id, map(args.__getitem__, state))))] = (
-                key,
-                structures,
-            )
+            state_key = (types, tuple(map(id, map(args.__getitem__, state))))
+            self._by_state[state_key] = (key, structures)
+            self._state_keys.setdefault(key, set()).add(state_key)
         return self._run(key, entry, dynamic)
 
     def _run(self, key: Any, entry: _Entry, dynamic: list[Any]) -> Any:
@@ -301,10 +303,11 @@ def _forget(function_ref: weakref.ref, key: Any) -> None:
     function = function_ref()
     if function is None:
         return
+    # No iteration over shared dicts: this runs from the garbage collector, possibly in the
+    # middle of another call that changes them.
     function._entries.pop(key, None)
-    for state_key, (entry_key, _) in list(function._by_state.items()):
-        if entry_key == key:
-            function._by_state.pop(state_key, None)
+    for state_key in function._state_keys.pop(key, ()):
+        function._by_state.pop(state_key, None)
 
 
 def _static_key(leaf: Any, function_name: str) -> Any:
@@ -394,7 +397,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                         return run(key, entries[key], list(map(args.__getitem__, arrays)))
         return general(*args, **kwargs)
 
-    return functools.update_wrapper(CompiledFunction(call, compiled, jit_kwargs), fn)
+    return functools.update_wrapper(CompiledFunction(call, compiled, jit_kwargs), fn, updated=())
 
 
 class CompiledFunction(functools.partial):

@@ -457,6 +457,9 @@ class View(Variable):
         )
 
 
+jax.tree_util.register_pytree_node_class(View)
+
+
 def _traced_update_error(variable: Variable, operation: str) -> TraceContextError:
     return TraceContextError(
         f"Cannot {PHRASES[operation]} Variable '{variable.name}' inside jax.jit or another "

@@ -228,6 +228,21 @@ def test_a_global_that_raises_on_attribute_access_does_not_break_compiling():
     assert float(total) == 1.0
 
 
+def test_compiling_a_callable_object_keeps_the_objects_attributes_apart():
+    class Scale(statevar.Module):
+        def __init__(self):
+            self.factor = statevar.Variable(2.0)
+            self._fn = lambda x: x * 100  # an attribute a wrapper must not pick up
+
+        def __call__(self, x):
+            return x * self.factor
+
+    compiled = statevar.jit(Scale())
+
+    assert float(compiled(3.0)) == 6.0
+    assert float(copy.deepcopy(statevar.jit(compiled, static_argnums=1))(3.0)) == 6.0
+
+
 def test_a_compiled_partial_is_named_after_its_function_in_errors():
     def scaled(factor, items):
         return factor * sum(items)

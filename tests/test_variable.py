@@ -366,16 +366,30 @@ def test_a_view_made_inside_statevar_jit_reads_its_traced_value_on_every_call():
 def test_a_view_passed_to_statevar_jit_is_read_as_its_array():
     v = statevar.Variable([1.0, 2.0])
     total = statevar.Variable(0.0)
+    traces = []
 
     @statevar.jit
     def accumulate(snapshot):
+        traces.append(type(snapshot).__name__)
         total.assign_add(jnp.sum(snapshot.value))
 
     accumulate(jax.tree.map(lambda x: x * 10, v))
     accumulate(jax.tree.map(lambda x: x * 100, v))
+    accumulate(jax.device_get(v))
 
-    assert float(total) == 330.0
+    assert float(total) == 333.0
+    assert traces == ["View"]  # one trace: a view is passed as its array, not lifted
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+
+
+def test_views_are_pytrees_like_variables():
+    v = statevar.Variable([1.0, 2.0])
+    view = jax.device_get(v)
+    inner = jax.jit(lambda p: p * 2)
+
+    chex.assert_trees_all_close(jax.jit(lambda p: p + 1)(view), jnp.array([2.0, 3.0]))
+    chex.assert_trees_all_close(jax.jit(lambda p: inner(p))(v), jnp.array([2.0, 4.0]))
+    assert jax.tree.leaves(view)[0] is view.value
 
 
 # ----------------------------------------------------------------------- shape is fixed
