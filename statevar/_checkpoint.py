@@ -43,7 +43,7 @@ from ._manifest import (
     write_manifest,
 )
 from ._module import Module
-from ._variable import Variable
+from ._variable import Variable, refuse_view
 
 if TYPE_CHECKING:
     import orbax.checkpoint as ocp
@@ -98,6 +98,7 @@ def _named_variables(target: Any) -> dict[str, Variable]:
 
     def visit(obj: Any, path: str) -> None:
         if isinstance(obj, Variable):
+            refuse_view(obj, "the checkpoint target", path or "the top level")
             add(obj.name, obj, path or "the top level")
         elif isinstance(obj, Module):
             for key, variable in obj.named_variables().items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from ._variable import Variable
+from ._variable import Variable, View, refuse_view
 
 
 class Module:
@@ -41,6 +41,8 @@ class Module:
         found: list[tuple[str, Variable | Module]] = []
 
         def visit(obj: Any, path: str) -> None:
+            if isinstance(obj, View):
+                return  # a read-only snapshot of a value, not one of the Module's variables
             if isinstance(obj, Variable):
                 if id(obj) not in seen:
                     seen.add(id(obj))
@@ -178,6 +180,7 @@ def variable_tree(target: Any, what: str) -> Any:
 
     def convert(obj: Any, path: str) -> Any:
         if isinstance(obj, Variable):
+            refuse_view(obj, what, path or "the top level")
             return obj
         if isinstance(obj, Module):
             return obj.named_variables()

@@ -460,6 +460,20 @@ class View(Variable):
 jax.tree_util.register_pytree_node_class(View)
 
 
+def refuse_view(variable: Variable, what: str, where: str) -> None:
+    """Refuses a `View` where a Variable to differentiate, optimize or checkpoint is needed.
+
+    Raises:
+      TypeError: if ``variable`` is a View.
+    """
+    if isinstance(variable, View):
+        raise TypeError(
+            f"Expected {what} to hold Variables; got a read-only view of Variable "
+            f"'{variable.name}' (made by a JAX tree function such as jax.tree.map or "
+            f"jax.device_get) at {where}. Pass the Variable itself."
+        )
+
+
 def _traced_update_error(variable: Variable, operation: str) -> TraceContextError:
     return TraceContextError(
         f"Cannot {PHRASES[operation]} Variable '{variable.name}' inside jax.jit or another "

@@ -8,6 +8,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import statevar
@@ -380,6 +381,39 @@ def test_a_view_passed_to_statevar_jit_is_read_as_its_array():
     assert float(total) == 333.0
     assert traces == ["View"]  # one trace: a view is passed as its array, not lifted
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("use", "what"),
+    [
+        (lambda view, path: statevar.grad(lambda: view.value.sum(), view)(), "statevar.grad's wrt"),
+        (lambda view, path: statevar.Optimizer(optax.sgd(0.1), [view]), "the Optimizer's"),
+        (lambda view, path: statevar.save(path / "c", [view]), "the checkpoint target"),
+        (lambda view, path: statevar.restore(path / "saved", [view]), "the checkpoint target"),
+    ],
+    ids=["grad", "optimizer", "save", "restore"],
+)
+def test_a_view_is_refused_where_a_variable_is_needed(tmp_path, use, what):
+    v = statevar.Variable([1.0, 2.0], name="w")
+    statevar.save(tmp_path / "saved", [v])
+    view = jax.tree.map(lambda x: x * 2, v)
+
+    with pytest.raises(TypeError, match=rf"Expected {what}.* got a read-only view of Variable 'w'"):
+        use(view, tmp_path)
+
+    np.testing.assert_array_equal(np.asarray(view), [2.0, 4.0])
+
+
+def test_a_view_held_by_a_module_is_not_one_of_its_variables():
+    class Holder(statevar.Module):
+        def __init__(self, source):
+            self.w = statevar.Variable([1.0])
+            self.snapshot = jax.device_get(source)
+
+    holder = Holder(statevar.Variable([5.0]))
+
+    assert holder.variables == (holder.w,)
+    assert list(holder.named_variables()) == ["w"]
 
 
 def test_views_are_pytrees_like_variables():
