@@ -31,6 +31,21 @@ class Module:
       ['layers/0/kernel', 'layers/0/bias', 'layers/1/kernel', 'layers/1/bias', 'step']
     """
 
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        slots = cls.__dict__.get("__slots__", ())
+        named = [
+            name
+            for name in ((slots,) if isinstance(slots, str) else slots)
+            if name not in ("__dict__", "__weakref__")
+        ]
+        if named:
+            raise TypeError(
+                f"Module {cls.__name__} declares __slots__ {tuple(named)}: a Module finds its "
+                "variables among the attributes in its __dict__, so it would miss these. "
+                "Remove __slots__."
+            )
+
     def _walk(
         self, paths: bool = True, containers: list[Any] | None = None
     ) -> list[tuple[str, Variable | Module]]:

@@ -80,3 +80,20 @@ def test_module_without_init_call_works():
         pass
 
     assert Empty().variables == ()
+
+
+@pytest.mark.parametrize("slots", [("w",), "w"])
+def test_a_module_with_slots_for_attributes_is_refused(slots):
+    with pytest.raises(TypeError, match=r"Module Slotted declares __slots__ \('w',\)"):
+        type("Slotted", (statevar.Module,), {"__slots__": slots})
+
+
+def test_a_module_with_empty_slots_is_accepted():
+    class Plain(statevar.Module):
+        __slots__ = ()
+
+        def __init__(self):
+            self.w = statevar.Variable(1.0)
+
+    module = Plain()
+    assert module.variables == (module.w,)
