@@ -113,8 +113,7 @@ class JitFunction:
         self._state_keys: dict[Any, set[tuple]] = {}
         self._static_positions_cache: dict[Any, frozenset[int]] = {}
         self._has_static = bool(self._static_argnums or self._static_argnames)
-        # updated=(): fn's own attributes (a Module's, say) must not replace this object's.
-        functools.update_wrapper(self, fn, updated=())
+        _wrap(self, fn)
         if not hasattr(self, "__name__"):  # a functools.partial or a callable object
             inner = fn.func if isinstance(fn, functools.partial) else fn
             self.__name__ = getattr(inner, "__name__", type(inner).__name__)
@@ -284,6 +283,15 @@ class JitFunction:
         return entry
 
 
+def _wrap(wrapper: Any, fn: Any) -> Any:
+    """`functools.update_wrapper`, except that ``fn``'s attributes never replace the
+    wrapper's own (a callable Module's ``_fn``, say); the others are still exposed."""
+    functools.update_wrapper(wrapper, fn, updated=())
+    for name, value in getattr(fn, "__dict__", {}).items():
+        wrapper.__dict__.setdefault(name, value)
+    return wrapper
+
+
 def _reference(argument: Any) -> Callable[[], Any]:
     """Returns a function giving back a non-array argument when the entry is traced.
 
@@ -397,7 +405,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                         return run(key, entries[key], list(map(args.__getitem__, arrays)))
         return general(*args, **kwargs)
 
-    return functools.update_wrapper(CompiledFunction(call, compiled, jit_kwargs), fn, updated=())
+    return _wrap(CompiledFunction(call, compiled, jit_kwargs), fn)
 
 
 class CompiledFunction(functools.partial):

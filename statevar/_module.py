@@ -33,17 +33,19 @@ class Module:
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
-        slots = cls.__dict__.get("__slots__", ())
-        named = [
-            name
-            for name in ((slots,) if isinstance(slots, str) else slots)
-            if name not in ("__dict__", "__weakref__")
-        ]
+        named = []
+        for base in cls.__mro__:
+            slots = base.__dict__.get("__slots__", ())
+            named += [
+                name
+                for name in ((slots,) if isinstance(slots, str) else slots)
+                if name not in ("__dict__", "__weakref__")
+            ]
         if named:
             raise TypeError(
-                f"Module {cls.__name__} declares __slots__ {tuple(named)}: a Module finds its "
+                f"Module {cls.__name__} has __slots__ {tuple(named)}: a Module finds its "
                 "variables among the attributes in its __dict__, so it would miss these. "
-                "Remove __slots__."
+                "Remove __slots__ (or slots=True, for a dataclass or attrs class)."
             )
 
     def _walk(

@@ -444,6 +444,10 @@ class View(Variable):
         # Its own value, never a traced one: a view is not lifted, and is never updated.
         return self._value
 
+    def __deepcopy__(self, memo: dict) -> View:
+        # Still a view (of the same immutable value): a copied Module keeps its variables.
+        return View.tree_unflatten((self._name, self._trainable), (self._value,))
+
     def __setitem__(self, index: Any, value: Any) -> None:
         self._update("setitem", value)
 

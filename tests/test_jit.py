@@ -239,7 +239,13 @@ def test_compiling_a_callable_object_keeps_the_objects_attributes_apart():
 
     compiled = statevar.jit(Scale())
 
+    def tagged(x):
+        return x
+
+    tagged.registry_tag = "metrics"
+
     assert float(compiled(3.0)) == 6.0
+    assert statevar.jit(tagged).registry_tag == "metrics"  # as jax.jit exposes it
     assert float(copy.deepcopy(statevar.jit(compiled, static_argnums=1))(3.0)) == 6.0
 
 

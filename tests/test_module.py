@@ -82,10 +82,22 @@ def test_module_without_init_call_works():
     assert Empty().variables == ()
 
 
-@pytest.mark.parametrize("slots", [("w",), "w"])
-def test_a_module_with_slots_for_attributes_is_refused(slots):
-    with pytest.raises(TypeError, match=r"Module Slotted declares __slots__ \('w',\)"):
-        type("Slotted", (statevar.Module,), {"__slots__": slots})
+class _SlottedMixin:
+    __slots__ = ("w",)
+
+
+@pytest.mark.parametrize(
+    ("bases", "namespace"),
+    [
+        ((statevar.Module,), {"__slots__": ("w",)}),
+        ((statevar.Module,), {"__slots__": "w"}),
+        ((statevar.Module, _SlottedMixin), {}),
+    ],
+    ids=["tuple", "string", "mixin"],
+)
+def test_a_module_with_slots_for_attributes_is_refused(bases, namespace):
+    with pytest.raises(TypeError, match=r"Module Slotted has __slots__ \('w',\): a Module"):
+        type("Slotted", bases, namespace)
 
 
 def test_a_module_with_empty_slots_is_accepted():

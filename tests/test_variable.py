@@ -343,8 +343,9 @@ def test_a_tree_function_result_is_a_read_only_view(make_view):
     ):
         with pytest.raises(TypeError, match=r"Variable 'w': this is a read-only view made by"):
             update()
-    copied = copy.deepcopy(view)  # an independent Variable, also from a NumPy view
+    copied = statevar.Variable(view)  # an independent Variable, also from a NumPy view
     copied.assign_add(1.0)
+    assert isinstance(copy.deepcopy(view), type(view))
     np.testing.assert_array_equal(np.asarray(view), make_view(v))
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
     np.testing.assert_array_equal(copied.numpy(), np.asarray(make_view(v)) + 1)
@@ -411,9 +412,12 @@ def test_a_view_held_by_a_module_is_not_one_of_its_variables():
             self.snapshot = jax.device_get(source)
 
     holder = Holder(statevar.Variable([5.0]))
+    duplicate = copy.deepcopy(holder)
 
     assert holder.variables == (holder.w,)
     assert list(holder.named_variables()) == ["w"]
+    assert list(duplicate.named_variables()) == ["w"]  # the copied view is still a view
+    np.testing.assert_array_equal(np.asarray(duplicate.snapshot), [5.0])
 
 
 def test_views_are_pytrees_like_variables():
