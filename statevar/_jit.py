@@ -19,7 +19,7 @@ from . import _trace, _update, _variable
 from ._convert import Tracer
 from ._errors import StatevarError, TraceContextError
 from ._grad import read_variables
-from ._module import Module, variables_and_structure
+from ._module import Module, Structure, variables_and_structure
 from ._variable import Variable, View
 
 # Bound once: a compiled call is a hot path.
@@ -105,11 +105,10 @@ class JitFunction:
         self._entries: dict[Any, _Entry] = {}
         # For calls whose arguments are arrays, Variables and Modules only: by argument
         # types, the positions of the Variables and Modules and of the arrays; by argument
-        # types and the ids of the Variables and Modules, the entry's key and, by position,
-        # weak references to the Modules' structures when it was made (a Module owns its
-        # Structure; holding it here could keep the Module alive).
+        # types and the ids of the Variables and Modules, the entry's key and the structures
+        # of the Modules when it was made.
         self._plans: dict[tuple[type, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self._by_state: dict[tuple, tuple[Any, list[tuple[int, weakref.ref]]]] = {}
+        self._by_state: dict[tuple, tuple[Any, list[Structure]]] = {}
         # The `_by_state` keys of each entry, for `_forget`.
         self._state_keys: dict[Any, set[tuple]] = {}
         self._static_positions_cache: dict[Any, frozenset[int]] = {}
@@ -141,7 +140,7 @@ class JitFunction:
                 key_parts.append((position, id(leaf)))
             elif isinstance(leaf, Module):
                 variables, structure = variables_and_structure(leaf)
-                structures.append((position, weakref.ref(structure)))
+                structures.append(structure)
                 arg_variables.extend(variables)
                 # Keyed on the module's variables too, so replacing one retraces.
                 key_parts.append((position, id(leaf), tuple(map(id, variables))))
@@ -284,18 +283,6 @@ class JitFunction:
         return entry
 
 
-def _unchanged(args: tuple, structures: list[tuple[int, weakref.ref]]) -> bool:
-    """Whether each Module argument still has the Structure an entry was made with, and
-    still holds the same objects."""
-    for position, reference in structures:
-        structure = reference()
-        if structure is None or args[position]._structure is not structure:
-            return False
-        if not structure.unchanged():
-            return False
-    return True
-
-
 def _wrap(wrapper: Any, fn: Any) -> Any:
     """`functools.update_wrapper`, except that ``fn``'s attributes never replace the
     wrapper's own (a callable Module's ``_fn``, say); the others are still exposed."""
@@ -413,7 +400,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                 if plan is not None:
                     state, arrays = plan
                     found = by_state.get((types, tuple(map(id, map(args.__getitem__, state)))))
-                    if found is not None and _unchanged(args, found[1]):
+                    if found is not None and all(s.unchanged() for s in found[1]):
                         key = found[0]
                         return run(key, entries[key], list(map(args.__getitem__, arrays)))
         return general(*args, **kwargs)

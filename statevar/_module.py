@@ -31,17 +31,10 @@ class Module:
       ['layers/0/kernel', 'layers/0/bias', 'layers/1/kernel', 'layers/1/bias', 'step']
     """
 
-    # The Structure of this Module's last walk (see `variables_and_structure`), in a slot:
-    # outside __dict__, so walks do not see it, and owned by the Module, so that a cycle
-    # through the Module's attributes stays collectable.
-    __slots__ = ("__dict__", "__weakref__", "_structure")
-
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         named = []
         for base in cls.__mro__:
-            if base is Module:
-                continue
             slots = base.__dict__.get("__slots__", ())
             named += [
                 name
@@ -119,7 +112,7 @@ class Module:
     @property
     def variables(self) -> tuple[Variable, ...]:
         """Every variable in this module and its sub-modules, in attribute order."""
-        return variables_and_structure(self)[0]
+        return tuple(item for _, item in self._walk(paths=False) if isinstance(item, Variable))
 
     @property
     def trainable_variables(self) -> tuple[Variable, ...]:
@@ -148,17 +141,15 @@ class Structure:
     walking a Module argument on every call.
     """
 
-    __slots__ = ("_root", "_records", "variables", "__weakref__")
+    __slots__ = ("_records",)
 
-    def __init__(self, module: Module, containers: list[Any], variables: tuple[Variable, ...]):
-        self._root = weakref.ref(module)
-        self.variables = variables
+    def __init__(self, containers: list[Any]):
         records = []
         for container in containers:
             owner = namespace = None
             if isinstance(container, Module):
                 # A Module is checked through its attribute dict, which could be replaced
-                # wholesale.
+                # wholesale; the weak reference lets the Module be freed.
                 owner, namespace = weakref.ref(container), vars(container)
                 live = namespace.values()
             else:
@@ -178,27 +169,12 @@ class Structure:
                 return False
         return True
 
-    # A copied or pickled Module walks itself again: a record is only valid for its Module.
-    def __deepcopy__(self, memo: dict) -> None:
-        return None
-
-    def __reduce__(self) -> tuple[type, tuple[()]]:
-        return type(None), ()
-
 
 def variables_and_structure(module: Module) -> tuple[tuple[Variable, ...], Structure]:
-    """Returns ``module.variables`` and the `Structure` they were found through.
-
-    Reuses the Module's last Structure while it is unchanged, else walks the Module and
-    keeps the new Structure on it.
-    """
-    structure = getattr(module, "_structure", None)
-    if structure is None or structure._root() is not module or not structure.unchanged():
-        containers: list[Any] = []
-        found = module._walk(paths=False, containers=containers)
-        variables = tuple(item for _, item in found if isinstance(item, Variable))
-        structure = module._structure = Structure(module, containers, variables)
-    return structure.variables, structure
+    """Returns ``module.variables`` and the `Structure` they were found through."""
+    containers: list[Any] = []
+    found = module._walk(paths=False, containers=containers)
+    return tuple(item for _, item in found if isinstance(item, Variable)), Structure(containers)
 
 
 def _is_variable(x: Any) -> bool:

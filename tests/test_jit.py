@@ -3,7 +3,6 @@
 import copy
 import functools
 import gc
-import pickle
 import weakref
 
 import chex
@@ -192,64 +191,6 @@ def test_a_compiled_method_does_not_keep_its_instances_alive():
     assert len(Model.step.jit_function._entries) == 1  # only the live instance's
     kept.step(1.0)
     assert float(kept.w[0]) == 2.0
-
-
-class _Child(statevar.Module):
-    def __init__(self, parent):
-        self.parent = parent
-        self.w = statevar.Variable(jnp.zeros(1024))
-
-
-class _Cyclic(statevar.Module):
-    def __init__(self, cycle):
-        self.w = statevar.Variable(jnp.zeros(1024))
-        if cycle == "child":
-            self.child = _Child(self)
-        elif cycle == "self":
-            self.me = self
-        else:
-            self.act = self.relu
-
-    def relu(self, x):
-        return jnp.maximum(x, 0)
-
-    @statevar.jit
-    def step(self, x):
-        self.w.assign_add(x)
-
-
-@pytest.mark.parametrize("cycle", ["child", "self", "bound_method"])
-def test_a_compiled_method_frees_instances_that_refer_to_themselves(cycle):
-    references = []
-    for _ in range(3):
-        model = _Cyclic(cycle)
-        model.step(1.0)
-        model.step(1.0)  # the fast path, which checks the Module's structure record
-        references.append(weakref.ref(model))
-        del model
-    gc.collect()
-
-    assert [ref() for ref in references] == [None, None, None]
-    assert not _Cyclic.step.jit_function._entries
-    assert not _Cyclic.step.jit_function._by_state
-
-
-def test_copies_of_a_module_argument_are_walked_for_themselves():
-    @statevar.jit
-    def bump_all(net):
-        for variable in net.variables:
-            variable.assign_add(1.0)
-
-    net = _Net()
-    bump_all(net)
-    shallow, deep = copy.copy(net), copy.deepcopy(net)
-    shallow.first = _Block(50.0)  # a new attribute dict: the original is unchanged
-    bump_all(shallow)
-    bump_all(deep)
-
-    assert (float(net.first.w), float(shallow.first.w), float(deep.first.w)) == (1.0, 51.0, 2.0)
-    assert float(net.blocks[0].w) == 12.0  # shared with the shallow copy: bumped twice
-    assert pickle.loads(pickle.dumps(deep)).variables[0].numpy() == 2.0
 
 
 def test_compiled_static_and_class_methods():

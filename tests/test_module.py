@@ -96,11 +96,7 @@ class _SlottedMixin:
     ids=["tuple", "string", "mixin"],
 )
 def test_a_module_with_slots_for_attributes_is_refused(bases, namespace):
-    # A slotted base cannot even share a layout with Module, whose own slot holds its
-    # structure record.
-    with pytest.raises(
-        TypeError, match=r"Module Slotted has __slots__ \('w',\): a Module|lay-out conflict"
-    ):
+    with pytest.raises(TypeError, match=r"Module Slotted has __slots__ \('w',\): a Module"):
         type("Slotted", bases, namespace)
 
 
