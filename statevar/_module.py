@@ -53,7 +53,10 @@ class Module:
     ) -> list[tuple[str, Variable | Module]]:
         """Returns ``(path, item)`` for every Variable and Module below this one, once each,
         in attribute order; with ``paths=False`` every path is ``""`` (faster). Appends
-        each Module, list, tuple and dict it looks into to ``containers``, if given."""
+        ``(container, its attribute dict for a Module, the values walked)`` to
+        ``containers``, if given, for each Module, list, tuple and dict it looks into: the
+        values are a snapshot taken before walking them, so the record matches the walk
+        even if another thread changes the container meanwhile."""
         seen: set[int] = {id(self)}
         found: list[tuple[str, Variable | Module]] = []
 
@@ -70,21 +73,19 @@ class Module:
                     found.append((path, obj))
                     children(obj, path + "/" if paths else "")
             elif isinstance(obj, (list, tuple)):
-                if containers is not None:
-                    containers.append(obj)
-                for i, item in enumerate(obj):
-                    visit(item, f"{path}/{i}" if paths else "")
+                walk(obj, None, tuple(enumerate(obj)), path + "/")
             elif isinstance(obj, dict):
-                if containers is not None:
-                    containers.append(obj)
-                for key, item in obj.items():
-                    visit(item, f"{path}/{key}" if paths else "")
+                walk(obj, None, tuple(obj.items()), path + "/")
 
         def children(module: Module, prefix: str) -> None:
+            namespace = vars(module)
+            walk(module, namespace, tuple(namespace.items()), prefix)
+
+        def walk(container: Any, namespace: Any, items: tuple, prefix: str) -> None:
             if containers is not None:
-                containers.append(module)
-            for attribute, obj in vars(module).items():
-                visit(obj, prefix + attribute if paths else "")
+                containers.append((container, namespace, tuple(item for _, item in items)))
+            for key, item in items:
+                visit(item, f"{prefix}{key}" if paths else "")
 
         children(self, "")
         return found
@@ -143,20 +144,19 @@ class Structure:
 
     __slots__ = ("_records",)
 
-    def __init__(self, containers: list[Any]):
+    def __init__(self, containers: list[tuple[Any, Any, tuple]]):
+        """``containers``: what `Module._walk` recorded."""
         records = []
-        for container in containers:
-            owner = namespace = None
-            if isinstance(container, Module):
+        for container, namespace, held in containers:
+            owner = None
+            if namespace is not None:
                 # A Module is checked through its attribute dict, which could be replaced
                 # wholesale; the weak reference lets the Module be freed.
-                owner, namespace = weakref.ref(container), vars(container)
-                live = namespace.values()
+                owner, live = weakref.ref(container), namespace.values()
             else:
                 live = container.values() if isinstance(container, dict) else container
-            # Each record keeps the objects whose ids it compares, so that no new object can
-            # take one of those ids while the record exists.
-            held = tuple(live)
+            # Each record keeps the objects whose ids it compares (the values walked), so
+            # that no new object can take one of those ids while the record exists.
             records.append((owner, namespace, live, tuple(map(id, held)), held))
         self._records = records
 

@@ -193,6 +193,23 @@ def test_a_compiled_method_does_not_keep_its_instances_alive():
     assert float(kept.w[0]) == 2.0
 
 
+def test_copies_of_a_module_argument_are_walked_for_themselves():
+    @statevar.jit
+    def bump_all(net):
+        for variable in net.variables:
+            variable.assign_add(1.0)
+
+    net = _Net()
+    bump_all(net)
+    shallow, deep = copy.copy(net), copy.deepcopy(net)
+    shallow.first = _Block(50.0)  # a new attribute dict: the original is unchanged
+    bump_all(shallow)
+    bump_all(deep)
+
+    assert (float(net.first.w), float(shallow.first.w), float(deep.first.w)) == (1.0, 51.0, 2.0)
+    assert float(net.blocks[0].w) == 12.0  # shared with the shallow copy: bumped twice
+
+
 def test_compiled_static_and_class_methods():
     class Scaler:
         factor = 3.0
