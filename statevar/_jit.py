@@ -25,6 +25,7 @@ from ._variable import Variable, View
 # Bound once: a compiled call is a hot path.
 _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
 _acquire, _release = _update.state_lock.acquire, _update.state_lock.release
+_trainable_epoch = _variable.trainable_epoch  # a one-item list, updated in place
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 # The exact types of the concrete (non-tracer) array arguments seen so far; the fast path of
 # a call accepts arguments of these types only.
@@ -64,7 +65,7 @@ class _Entry:
         # Gradients depend on which variables are trainable: the trace is valid for these
         # flags, checked again whenever any variable's flag changed (a new epoch).
         self.flags = tuple(v._trainable for v in lifted)
-        self.epoch = _variable.trainable_epoch[0]
+        self.epoch = _trainable_epoch[0]
 
 
 class JitFunction:
@@ -176,14 +177,14 @@ class JitFunction:
             state_key = (types, tuple(map(id, map(args.__getitem__, state))))
             self._by_state[state_key] = (key, structures)
             self._state_keys.setdefault(key, set()).add(state_key)
-        return self._run(key, entry, dynamic)
+        return self._run(key, entry, tuple(dynamic))
 
-    def _run(self, key: Any, entry: _Entry, dynamic: list[Any]) -> Any:
+    def _run(self, key: Any, entry: _Entry, dynamic: tuple[Any, ...]) -> Any:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables' arrays."""
-        if entry.epoch != _variable.trainable_epoch[0]:
+        if entry.epoch != _trainable_epoch[0]:
             if tuple(v._trainable for v in entry.lifted) != entry.flags:
                 entry = self._entries[key] = self._compile(entry.split, entry.extra)
-            entry.epoch = _variable.trainable_epoch[0]
+            entry.epoch = _trainable_epoch[0]
         _acquire()  # rather than `with _update.state_lock`, which costs twice as much
         try:
             arrays = [v._value for v in entry.lifted]
@@ -256,7 +257,7 @@ class JitFunction:
         lifted_set = set(lifted)
         fn = self._fn
 
-        def pure(arrays: list[jax.Array], dynamic: list[Any]) -> Any:
+        def pure(arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Any:
             frame = _trace.Frame("jit", dict(zip(lifted, arrays, strict=True)))
             with frame:
                 leaves, remaining, fixed_iter = [], iter(dynamic), iter(fixed)
@@ -392,7 +393,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                 # without variables, modules or static arguments are compiled under it.
                 entry = entries.get(len(args))
                 if entry is not None:
-                    return run(len(args), entry, list(args))
+                    return run(len(args), entry, args)
             else:
                 # Fast path for step(model, x) and methods: arrays, Variables and Modules
                 # seen before, as long as the Modules still hold the same objects.
@@ -402,7 +403,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                     found = by_state.get((types, tuple(map(id, map(args.__getitem__, state)))))
                     if found is not None and all(s.unchanged() for s in found[1]):
                         key = found[0]
-                        return run(key, entries[key], list(map(args.__getitem__, arrays)))
+                        return run(key, entries[key], tuple(map(args.__getitem__, arrays)))
         return general(*args, **kwargs)
 
     return _wrap(CompiledFunction(call, compiled, jit_kwargs), fn)
