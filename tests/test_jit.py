@@ -3,6 +3,7 @@
 import copy
 import functools
 import gc
+import types
 import weakref
 
 import chex
@@ -154,6 +155,17 @@ class _Counter(statevar.Module):
 
     def _step(self, x):
         self.count.assign_add(x)
+
+
+def test_a_compiled_plain_function_is_a_plain_function():
+    def step(x):
+        return x * 2
+
+    compiled = statevar.jit(step)
+
+    assert isinstance(compiled, types.FunctionType) and compiled.__name__ == "step"
+    assert copy.deepcopy(compiled) is compiled  # shared by copies, as any function is
+    assert isinstance(statevar.jit(_Counter()._step), statevar._jit.CompiledFunction)
 
 
 def test_a_deep_copy_of_a_module_holding_a_compiled_method_updates_the_copy():
