@@ -284,6 +284,11 @@ class JitFunction:
         return entry
 
 
+# The plain functions `jit` returned: a wrapper made with functools.wraps copies their
+# attributes, so membership, not an attribute, tells them apart.
+_compiled_functions: weakref.WeakSet = weakref.WeakSet()
+
+
 def _wrap(wrapper: Any, fn: Any) -> Any:
     """`functools.update_wrapper`, except that ``fn``'s attributes never replace the
     wrapper's own (a callable Module's ``_fn``, say); the others are still exposed."""
@@ -410,6 +415,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         # A plain function gives a plain function: it binds as a method, Python calls it
         # fastest, and a deep copy shares it, as it shares any function.
         call.jit_function, call._jit_kwargs = compiled, jit_kwargs
+        _compiled_functions.add(call)
         return _wrap(call, fn)
     # A bound method (an Optimizer's, say), a partial or a callable object belongs to an
     # instance: a deep copy of that instance must get a function compiled for the copy.
@@ -476,8 +482,7 @@ def closure_variables(fn: Any) -> list[Variable]:
             collect(obj.__self__, depth + 1)
             collect(obj.__func__, depth + 1)
         elif isinstance(obj, CompiledFunction) or (
-            isinstance(obj, types.FunctionType)
-            and isinstance(obj.__dict__.get("jit_function"), JitFunction)
+            isinstance(obj, types.FunctionType) and obj in _compiled_functions
         ):
             collect(obj.jit_function._fn, depth + 1)
         elif isinstance(obj, functools.partial):

@@ -72,10 +72,10 @@ class Module:
                     seen.add(id(obj))
                     found.append((path, obj))
                     children(obj, path + "/" if paths else "")
-            elif isinstance(obj, (list, tuple)):
-                walk(obj, None, tuple(enumerate(obj)), path + "/")
-            elif isinstance(obj, dict):
-                walk(obj, None, tuple(obj.items()), path + "/")
+            elif isinstance(obj, (list, tuple, dict)) and id(obj) not in seen:
+                seen.add(id(obj))  # once each: a container may hold itself
+                items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+                walk(obj, None, tuple(items), path + "/")
 
         def children(module: Module, prefix: str) -> None:
             namespace = vars(module)

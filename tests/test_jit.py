@@ -635,6 +635,30 @@ def test_nested_statevar_jit_runs_inline():
     assert float(v) == 2.0
 
 
+def test_a_wrapper_of_a_compiled_function_is_followed_for_its_own_variables():
+    inner_total, outer_total = statevar.Variable(0.0), statevar.Variable(0.0)
+    traces = []
+
+    @statevar.jit
+    def inner(x):
+        inner_total.assign_add(x)
+
+    @functools.wraps(inner)  # copies the compiled function's attributes
+    def logged(x):
+        outer_total.assign_add(x)
+        inner(x)
+
+    @statevar.jit
+    def step(x):
+        traces.append(None)
+        logged(x)
+
+    for _ in range(3):
+        step(1.0)
+
+    assert (float(inner_total), float(outer_total), len(traces)) == (3.0, 3.0, 1)
+
+
 def test_creating_a_variable_inside_jit_is_refused():
     @statevar.jit
     def make():

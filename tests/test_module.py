@@ -109,3 +109,15 @@ def test_a_module_with_empty_slots_is_accepted():
 
     module = Plain()
     assert module.variables == (module.w,)
+
+
+def test_a_container_holding_itself_is_walked_once():
+    class Loop(statevar.Module):
+        def __init__(self):
+            self.items = [statevar.Variable(1.0)]
+            self.items.append(self.items)
+
+    module = Loop()
+
+    assert list(module.named_variables()) == ["items/0"]
+    assert module.variables == (module.items[0],)
