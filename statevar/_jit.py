@@ -175,9 +175,23 @@ class JitFunction:
             state = tuple(position for position, _ in fixed)
             self._plans[types] = (state, tuple(i for i in range(len(args)) if i not in state))
             state_key = (types, tuple(map(id, map(args.__getitem__, state))))
+            previous = self._by_state.get(state_key)
             self._by_state[state_key] = (key, structures)
             self._state_keys.setdefault(key, set()).add(state_key)
+            if previous is not None and previous[0] != key:
+                self._drop_replaced(previous[0], state_key)
         return self._run(key, entry, tuple(dynamic))
+
+    def _drop_replaced(self, key: Any, state_key: tuple) -> None:
+        """Drops the entry under ``key`` once no call reaches it through `_by_state`: the
+        same arguments now hold other variables (one was replaced in a Module), and the
+        old entry would keep the old variables and their buffers alive."""
+        state_keys = self._state_keys.get(key)
+        if state_keys is not None:
+            state_keys.discard(state_key)
+            if not state_keys:
+                del self._state_keys[key]
+                self._entries.pop(key, None)
 
     def _run(self, key: Any, entry: _Entry, dynamic: tuple[Any, ...]) -> Any:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables' arrays."""

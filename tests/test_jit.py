@@ -495,6 +495,23 @@ def test_a_changed_module_argument_is_walked_again_on_the_next_call(form, change
         assert float(variable) == (value + 1 if variable in held else value)
 
 
+def test_a_replaced_variable_is_not_kept_alive_by_the_old_compiled_entry():
+    net = _Net()
+
+    @statevar.jit
+    def bump(model, x):
+        model.first.w.assign_add(x)
+
+    bump(net, 1.0)
+    old = weakref.ref(net.first.w)
+    net.first.w = statevar.Variable(10.0)
+    bump(net, 1.0)
+    gc.collect()
+
+    assert old() is None
+    assert len(bump.jit_function._entries) == 1 and float(net.first.w) == 11.0
+
+
 def test_an_unchanged_module_argument_is_not_walked_again(monkeypatch):
     net = _Net()
 
