@@ -200,7 +200,7 @@ def convert_for_update(
       TraceContextError: if the value is a tracer outside `statevar.jit` and `statevar.grad`.
       ValueError: if the value is an array that has been deleted.
     """
-    # The variable's array rather than its properties: the fast paths are the eager hot path.
+    # The variable's array rather than its properties: the scalar fast path is a hot path.
     current = variable._value
     source = PYTHON_SCALARS.get(type(value))
     if source is not None and target_shape is None:

@@ -345,19 +345,20 @@ class Variable:
         _acquire()  # rather than `with _state_lock`, which costs twice as much
         try:
             update = donating if _getrefcount(self._value) <= _SOLE_HOLDER else copying
-            if index is None:
-                new = update(self._value, value)
-            else:
-                new = update(self._value, value, *index)
+            try:
+                if index is None:
+                    new = update(self._value, value)
+                else:
+                    new = update(self._value, value, *index)
+            except RuntimeError:
+                # An array deleted (donated elsewhere) that passed the inline check above.
+                check_not_deleted(value, f"Cannot {PHRASES[operation]} Variable '{self.name}'")
+                raise
             # Under jax.jit the update is only traced, even with concrete operands (nothing is
             # donated then); storing its tracer would leak it out of the trace.
             if type(new) is not concrete:
                 raise _traced_update_error(self, operation)
             self._value = new
-        except RuntimeError:
-            # An array deleted (donated elsewhere) after it passed the fast path above.
-            check_not_deleted(value, f"Cannot {PHRASES[operation]} Variable '{self.name}'")
-            raise
         finally:
             _release()
         if _settings.log_placement:
@@ -410,9 +411,9 @@ class Variable:
         return self._read().__index__()
 
     def __deepcopy__(self, memo: dict) -> Variable:
-        value = self._read()
-        device = self.device if is_concrete_array(value) else None  # a view may hold NumPy
-        return Variable(value, trainable=self._trainable, name=self._name, device=device)
+        return Variable(
+            self._read(), trainable=self._trainable, name=self._name, device=self.device
+        )
 
     # Pytree: a Variable flattens to its value, so plain jax.jit, jax.tree and jnp
     # functions accept it. What they unflatten is a read-only view of the value they hold
