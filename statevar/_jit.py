@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import inspect
+import itertools
 import operator
 import sys
 import types
@@ -18,13 +20,15 @@ import numpy as np
 from . import _trace, _update, _variable
 from ._convert import Tracer
 from ._errors import StatevarError, TraceContextError
+from ._signals import held_signals
 from ._grad import read_variables
 from ._module import Module, Structure, variables_and_structure
 from ._variable import Variable, View
 
 # Bound once: a compiled call is a hot path.
 _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
-_acquire, _release = _update.state_lock.acquire, _update.state_lock.release
+_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
+_setattr = setattr
 _trainable_epoch = _variable.trainable_epoch  # a one-item list, updated in place
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 # The exact types of the concrete (non-tracer) array arguments seen so far; the fast path of
@@ -49,6 +53,9 @@ class _Entry:
         "extra",
         "flags",
         "epoch",
+        "targets",
+        "attributes",
+        "warm",
     )
 
     def __init__(self, lifted: tuple[Variable, ...], jitted: Callable, split: tuple, extra: tuple):
@@ -66,6 +73,18 @@ class _Entry:
         # flags, checked again whenever any variable's flag changed (a new epoch).
         self.flags = tuple(v._trainable for v in lifted)
         self.epoch = _trainable_epoch[0]
+        # Where the compiled call's outputs go, set by the trace: each variable's new array
+        # into its ``_value``, then the result into a `_Returned`.
+        self.targets: tuple[Variable, ...] = lifted
+        self.attributes: tuple[str, ...] = ()
+        # Whether the call has run once: later calls take JAX's C++ fast path.
+        self.warm = False
+
+
+class _Returned:
+    """Receives a compiled call's result (see `JitFunction._run`)."""
+
+    __slots__ = ("value",)
 
 
 class JitFunction:
@@ -199,42 +218,68 @@ class JitFunction:
             if tuple(v._trainable for v in entry.lifted) != entry.flags:
                 entry = self._entries[key] = self._compile(entry.split, entry.extra)
             entry.epoch = _trainable_epoch[0]
-        _acquire()  # rather than `with _update.state_lock`, which costs twice as much
-        try:
+        with _update.state_lock:
             arrays = [v._value for v in entry.lifted]
             # One pass in C for the common case: every array held by its variable alone.
             if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
                 arrays = _update.copy_shared(arrays)
+            previous = (*arrays, *(v._value for v in entry.written_unlifted))
+            returned = _Returned()
             try:
-                result, values, extra = entry.jitted(arrays, dynamic)
+                if entry.warm:
+                    # The compiled call (JAX's C++ fast path) returns the variables' new
+                    # values, then the result; the same C call chain stores each where it
+                    # belongs, so no bytecode (where an exception such as KeyboardInterrupt
+                    # can land) comes between the donation and the stores.
+                    _consume(
+                        map(
+                            _setattr,
+                            itertools.chain(entry.targets, (returned,)),
+                            entry.attributes,
+                            itertools.chain.from_iterable(
+                                map(entry.jitted, (arrays,), (dynamic,))
+                            ),
+                        )
+                    )
+                else:
+                    # The first call traces, compiles and runs Python code after donating:
+                    # hold the signal handlers until the new values are stored.
+                    with held_signals():
+                        outputs = entry.jitted(arrays, dynamic)
+                        targets = itertools.chain(entry.targets, (returned,))
+                        _consume(map(_setattr, targets, entry.attributes, outputs))
+                    entry.warm = True
             except Exception as error:
-                lost = [v.name for v, a in zip(entry.lifted, arrays, strict=True) if a.is_deleted()]
-                if lost:
-                    raise StatevarError(
-                        f"The statevar.jit function {self.__name__!r} failed after its "
-                        f"variables' buffers were donated; these variables lost their values: "
-                        f"{', '.join(repr(name) for name in lost)}"
-                    ) from error
-                raise
-            probe = values[0] if values else extra[0] if extra else None
-            if isinstance(probe, Tracer):
+                raise self._failed_call(entry, arrays, error) from error
+            if entry.targets and isinstance(entry.targets[0]._value, Tracer):
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer.
+                _consume(map(_setattr, entry.targets, entry.attributes, previous))
                 raise self._under_transformation()
-            # Not zip(strict=True): the trace returns one value per lifted variable, and
-            # strict checking costs more than the rest of this loop.
-            for variable, value in zip(entry.lifted, values):  # noqa: B905
-                variable._value = value
-            if extra:
-                for variable, value in zip(entry.written_unlifted, extra, strict=True):
-                    variable._value = value
-        finally:
-            _release()
+        result = returned.value
         if entry.unlifted:
             # The trace touched variables it could not see beforehand (reads used their
             # current values); lift them from the next call on.
             self._entries[key] = self._compile(entry.split, (*entry.extra, *entry.unlifted))
         return result
+
+    def _failed_call(
+        self, entry: _Entry, arrays: list[jax.Array], error: Exception
+    ) -> Exception:
+        """The error to raise when a compiled call failed; no variable has changed."""
+        deleted = [v for v, a in zip(entry.lifted, arrays, strict=True) if a.is_deleted()]
+        if not deleted:
+            return error
+        if str(error).startswith("Array has been deleted"):
+            # JAX refused the call before running it: the arrays were deleted beforehand.
+            return deleted[0]._deleted_error(
+                f"The statevar.jit function {self.__name__!r} cannot read"
+            )
+        return StatevarError(
+            f"The statevar.jit function {self.__name__!r} failed after its variables' "
+            "buffers were donated; these variables lost their values: "
+            f"{', '.join(repr(v.name) for v in deleted)}"
+        )
 
     def _under_transformation(self) -> TraceContextError:
         return TraceContextError(
@@ -288,11 +333,11 @@ class JitFunction:
             written = tuple(v for v in frame.written if v not in lifted_set)
             entry.unlifted = (*frame.unlifted, *written)
             entry.written_unlifted = written
-            return (
-                result,
-                [frame.values[v] for v in lifted],
-                [frame.values[v] for v in written],
-            )
+            entry.targets = (*lifted, *written)
+            entry.attributes = ("_value",) * len(entry.targets) + ("value",)
+            # The variables' values first: JAX gives a donated buffer to the first output of
+            # its size, and a result ahead of them would take a variable's buffer.
+            return (*(frame.values[v] for v in entry.targets), result)
 
         entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), split, extra)
         return entry

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 # Guards every variable's array: eager updates and reads, and `statevar.jit` calls, which
@@ -91,6 +92,37 @@ UPDATES: dict[str, tuple[Callable, Callable]] = {
 }
 
 copy_array = jax.jit(jnp.copy)
+
+
+def fresh(value: Any, like: jax.Array) -> jax.Array:
+    """Returns ``value`` as a new array of ``like``'s shape, dtype and sharding.
+
+    For an assignment to a variable whose array was deleted outside statevar: ``like`` may be
+    deleted, only its metadata is read. Donates nothing.
+    """
+    new = _fit(jnp.asarray(value), jax.ShapeDtypeStruct(like.shape, like.dtype))
+    return jax.device_put(new, like.sharding)
+
+
+def _describe(part: Any) -> Any:
+    if isinstance(part, jax.core.Tracer):
+        return type(part), part.aval
+    if isinstance(part, jax.Array):
+        return type(part), part.aval, part.committed, part.sharding
+    if isinstance(part, np.ndarray | np.generic):
+        return type(part), part.shape, part.dtype
+    if isinstance(part, tuple):
+        return tuple(map(_describe, part))
+    return part if isinstance(part, type(None) | slice | tuple | str) else type(part)
+
+
+def signature(operation: str, value: Any, index: tuple | None) -> tuple:
+    """Returns a hashable key telling apart the argument types an update is compiled for.
+
+    Two calls with the same key take the same compiled code: after the first, JAX's fast
+    path (see `_signals`).
+    """
+    return operation, _describe(value), _describe(index)
 
 
 class _Probe:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import sys
 from typing import Any
 
@@ -21,11 +22,15 @@ from ._convert import (
     short_repr,
 )
 from ._errors import DtypeMismatchError, TraceContextError
+from ._signals import held_signals
 
 # Bound once: the eager update is a hot path.
 _UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
 _state_lock = _update.state_lock
-_acquire, _release = _state_lock.acquire, _state_lock.release
+_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
+_setattr, _VALUE = setattr, ("_value",)
+# The signature of an inline update with a committed value: a different compiled call.
+_COMMITTED = {operation: (operation, "committed") for operation in _UPDATES}
 _settings = _placement._settings
 
 # Counts changes of any variable's trainable flag; when it moves, `statevar.jit` checks
@@ -132,6 +137,8 @@ class Variable:
             placed_on = _placement.current_device() or _default_device()
         self._name = name
         self._trainable = bool(trainable)
+        # Signatures of the updates this variable has run: JAX's fast path for their calls.
+        self._compiled: set[Any] = set()
         self._value: jax.Array = jax.device_put(value, placed_on)
         _placement.log(label, "create", placed_on)
 
@@ -195,11 +202,11 @@ class Variable:
             traced = _trace.read(self)
             if traced is not None:
                 return traced
-        _acquire()
-        try:
-            return self._value
-        finally:
-            _release()
+        with _state_lock:
+            value = self._value
+        if value.is_deleted():
+            raise self._deleted_error("Cannot read")
+        return value
 
     def read_value(self) -> jax.Array:
         """Returns the current value; later updates never delete or change it."""
@@ -318,18 +325,25 @@ class Variable:
         A whole-variable update (``index`` None) validates ``value`` here; setitem and
         setmask validate it against the indexed part first and pass their index operands.
         Donates the old buffer when nothing else holds it, else copies it: arrays read
-        earlier stay valid.
+        earlier stay valid. Atomic with respect to exceptions raised at any bytecode
+        (``KeyboardInterrupt``, a signal handler's): the variable then holds its old or its
+        new array, never a deleted one.
         """
         current = self._value
         concrete = type(current)  # the variable's array type: concrete, never a tracer
-        if index is None and not (
+        if (
+            index is None
+            and type(value) is concrete
             # An array of the variable's own type, abstract value (shape, dtype, strong type)
             # and placement enters the update as it is.
-            type(value) is concrete
             and value.aval == current.aval
-            and (not value.committed or value.sharding == current.sharding)
+            and (not (committed := value.committed) or value.sharding == current.sharding)
         ):
-            value = convert_for_update(value, self, operation)
+            signature: Any = _COMMITTED[operation] if committed else operation
+        else:
+            if index is None:
+                value = convert_for_update(value, self, operation)
+            signature = None
         del current  # a reference held here would make the array look shared
         if _trace.open_frames:
             frame = _trace.innermost()
@@ -341,29 +355,53 @@ class Variable:
                 new = _update.PURE[operation](old, value, *(index or ()))
                 _trace.write(frame, self, new, PHRASES[operation])
                 return self
+        operands = ((value,),) if index is None else ((value,), *((part,) for part in index))
+        if signature is None:
+            signature = _update.signature(operation, value, index)
         donating, copying = _UPDATES[operation]
-        _acquire()  # rather than `with _state_lock`, which costs twice as much
-        try:
-            update = donating if _getrefcount(self._value) <= _SOLE_HOLDER else copying
+        with _state_lock:
+            shared = _getrefcount(self._value) > _SOLE_HOLDER
+            old = self._value
+            update = copying if shared else donating
+            cold = signature not in self._compiled
             try:
-                if index is None:
-                    new = update(self._value, value)
+                if not cold:
+                    # The call runs in C++ and its result is stored by the same C call
+                    # chain: no bytecode between the donation and the store.
+                    _consume(map(_setattr, (self,), _VALUE, map(update, (old,), *operands)))
                 else:
-                    new = update(self._value, value, *index)
+                    # JAX's first call for these argument types runs Python code after
+                    # donating: hold the signal handlers until the result is stored.
+                    with held_signals():
+                        _consume(map(_setattr, (self,), _VALUE, map(update, (old,), *operands)))
             except RuntimeError:
+                if old.is_deleted():
+                    # Donated or deleted outside statevar: only assign can restore it.
+                    if operation != "assign":
+                        raise self._deleted_error(f"Cannot {PHRASES[operation]}") from None
+                    self._value = _update.fresh(value, old)
+                    return self
                 # An array deleted (donated elsewhere) that passed the inline check above.
                 check_not_deleted(value, f"Cannot {PHRASES[operation]} Variable '{self.name}'")
                 raise
             # Under jax.jit the update is only traced, even with concrete operands (nothing is
-            # donated then); storing its tracer would leak it out of the trace.
-            if type(new) is not concrete:
+            # donated then); the tracer it stored must not leak out of the trace.
+            if type(self._value) is not concrete:
+                self._value = old
                 raise _traced_update_error(self, operation)
-            self._value = new
-        finally:
-            _release()
+            if cold:
+                self._compiled.add(signature)
         if _settings.log_placement:
             _placement.log(self.name, operation, self.device)
         return self
+
+    def _deleted_error(self, action: str) -> ValueError:
+        return ValueError(
+            f"{action} Variable '{self.name}': its array was donated or deleted outside "
+            "statevar (by a jax.jit with donate_argnums, or .delete() on its value), so its "
+            "value is lost. Restore it with .assign(new_value), or from a checkpoint with "
+            "statevar.restore."
+        )
 
     # ----------------------------------------------------------------- Python protocols
 
@@ -373,10 +411,14 @@ class Variable:
             # between reading the attribute and converting it.
             with _state_lock:
                 value = self._value
+            if value.is_deleted():
+                raise _DeletedOutside
             array = np.asarray(value)
             text = repr(array.item()) if array.ndim == 0 else np.array_repr(array)
             if "\n" in text:
                 text = "\n" + text
+        except _DeletedOutside:
+            text = "<deleted outside statevar: assign a new value>"
         except Exception as error:  # repr must never raise
             text = f"<unavailable: {type(error).__name__}>"
         try:
@@ -463,6 +505,10 @@ class View(Variable):
 
 
 jax.tree_util.register_pytree_node_class(View)
+
+
+class _DeletedOutside(Exception):
+    """A variable's array was donated or deleted outside statevar (for `Variable.__repr__`)."""
 
 
 def refuse_view(variable: Variable, what: str, where: str) -> None:
