@@ -236,6 +236,10 @@ def _read_values(
             )
             read = checkpointer.restore(checkpoint / manifest["data"], args=arguments)
         except Exception as error:  # tensorstore reports damage as ValueError or Exception
+            interrupt = _interrupt_behind(error)
+            if interrupt is not None:
+                # Ctrl-C while orbax waited for a read: an interruption, not damage.
+                raise interrupt from None
             first_line = (str(error).splitlines() or [""])[0][:300]
             raise CheckpointCorruptedError(
                 f"Checkpoint {shown!r} is corrupted: its data could not be read "
@@ -251,6 +255,18 @@ def _read_values(
             )
     verify_values(values, wanted, shown)
     return values
+
+
+def _interrupt_behind(error: BaseException) -> BaseException | None:
+    """Returns the KeyboardInterrupt (or other non-`Exception`) that ``error`` wraps, if any."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if not isinstance(cause, Exception):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _read_manifest(checkpoint: pathlib.Path, shown: str) -> dict[str, Any]:
