@@ -43,21 +43,26 @@ class _Entry:
     __slots__ = (
         "lifted",
         "jitted",
-        "unlifted",
-        "written_unlifted",
+        "found",
         "split",
         "extra",
         "flags",
         "epoch",
+        "refs",
     )
 
-    def __init__(self, lifted: tuple[Variable, ...], jitted: Callable, split: tuple, extra: tuple):
+    def __init__(
+        self,
+        lifted: tuple[Variable, ...],
+        jitted: Callable,
+        split: tuple,
+        extra: tuple,
+        refs: tuple[Variable, ...],
+        found: _Found,
+    ):
         self.lifted = lifted
         self.jitted = jitted
-        # Set while tracing: variables read or assigned that were not lifted (to lift on the
-        # next call), and those of them assigned (whose new values the call returns).
-        self.unlifted: tuple[Variable, ...] = ()
-        self.written_unlifted: tuple[Variable, ...] = ()
+        self.found = found
         # How the call's arguments were split: (treedef, fixed, arg_variables), ``fixed``
         # holding a reference to each non-array argument by position (see `_reference`).
         self.split = split
@@ -66,6 +71,24 @@ class _Entry:
         # flags, checked again whenever any variable's flag changed (a new epoch).
         self.flags = tuple(v._trainable for v in lifted)
         self.epoch = _trainable_epoch[0]
+        # The variables held in jax.Refs while tracing: those assigned under a nested JAX
+        # transformation (see `_trace`).
+        self.refs = refs
+
+
+class _Found:
+    """What tracing an entry found, set by the trace."""
+
+    __slots__ = ("unlifted", "written_unlifted", "retrace")
+
+    def __init__(self) -> None:
+        # Variables read or assigned that were not lifted (to lift on the next call), and
+        # those of them assigned (whose new values the call returns).
+        self.unlifted: tuple[Variable, ...] = ()
+        self.written_unlifted: tuple[Variable, ...] = ()
+        # Set by a trace that found variables assigned under nested transformations
+        # without a ref: (variables to lift, variables to hold in refs).
+        self.retrace: tuple[tuple[Variable, ...], tuple[Variable, ...]] | None = None
 
 
 class JitFunction:
@@ -197,7 +220,7 @@ class JitFunction:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables' arrays."""
         if entry.epoch != _trainable_epoch[0]:
             if tuple(v._trainable for v in entry.lifted) != entry.flags:
-                entry = self._entries[key] = self._compile(entry.split, entry.extra)
+                entry = self._entries[key] = self._compile(entry.split, entry.extra, entry.refs)
             entry.epoch = _trainable_epoch[0]
         _acquire()  # rather than `with _update.state_lock`, which costs twice as much
         try:
@@ -206,7 +229,7 @@ class JitFunction:
             if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
                 arrays = _update.copy_shared(arrays)
             try:
-                result, values, extra = entry.jitted(arrays, dynamic)
+                values, extra, result = entry.jitted(arrays, dynamic)
             except Exception as error:
                 lost = [v.name for v, a in zip(entry.lifted, arrays, strict=True) if a.is_deleted()]
                 if lost:
@@ -225,15 +248,27 @@ class JitFunction:
             # strict checking costs more than the rest of this loop.
             for variable, value in zip(entry.lifted, values):  # noqa: B905
                 variable._value = value
+            found = entry.found
             if extra:
-                for variable, value in zip(entry.written_unlifted, extra, strict=True):
+                for variable, value in zip(found.written_unlifted, extra, strict=True):
                     variable._value = value
+            if found.retrace is not None:
+                # The trace met variables assigned under nested JAX transformations without
+                # a ref: it compiled to a step that gives back every variable unchanged.
+                # Trace again with refs for them, and run that.
+                unlifted, refs = found.retrace
+                entry = self._entries[key] = self._compile(
+                    entry.split, (*entry.extra, *unlifted), (*entry.refs, *refs)
+                )
+                return self._run(key, entry, dynamic)
         finally:
             _release()
-        if entry.unlifted:
+        if entry.found.unlifted:
             # The trace touched variables it could not see beforehand (reads used their
             # current values); lift them from the next call on.
-            self._entries[key] = self._compile(entry.split, (*entry.extra, *entry.unlifted))
+            self._entries[key] = self._compile(
+                entry.split, (*entry.extra, *entry.found.unlifted), entry.refs
+            )
         return result
 
     def _under_transformation(self) -> TraceContextError:
@@ -265,14 +300,19 @@ class JitFunction:
         ]
         return frozenset(positions)
 
-    def _compile(self, split: tuple, extra: tuple) -> _Entry:
+    def _compile(self, split: tuple, extra: tuple, refs: tuple = ()) -> _Entry:
         treedef, fixed, arg_variables = split
-        lifted = tuple(dict.fromkeys([*arg_variables, *closure_variables(self._fn), *extra]))
+        refs = tuple(dict.fromkeys(refs))
+        lifted = tuple(dict.fromkeys([*arg_variables, *closure_variables(self._fn), *extra, *refs]))
         lifted_set = set(lifted)
         fn = self._fn
+        # What the trace finds; not the entry itself, which would make a reference cycle
+        # (entry -> jitted -> pure -> entry) that only the garbage collector frees.
+        found = _Found()
 
         def pure(arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Any:
-            frame = _trace.Frame("jit", dict(zip(lifted, arrays, strict=True)))
+            values = dict(zip(lifted, arrays, strict=True))
+            frame = _trace.Frame("jit", values, {v: jax.new_ref(values.pop(v)) for v in refs})
             with frame:
                 leaves, remaining, fixed_iter = [], iter(dynamic), iter(fixed)
                 next_fixed = next(fixed_iter, None)
@@ -283,19 +323,29 @@ class JitFunction:
                     else:
                         leaves.append(next(remaining))
                 args, kwargs = treedef.unflatten(leaves)
-                result = fn(*args, **kwargs)
-                result = read_variables(result)
+                result = read_variables(fn(*args, **kwargs))
+            if frame.wanted_refs:
+                # Finish this trace (raising out of it would leave JAX's caches of the nested
+                # functions' traces holding its tracers) as a step that changes nothing.
+                found.retrace = ((*frame.unlifted, *frame.written), tuple(frame.wanted_refs))
+                return list(arrays), [], None
             written = tuple(v for v in frame.written if v not in lifted_set)
-            entry.unlifted = (*frame.unlifted, *written)
-            entry.written_unlifted = written
+            found.unlifted = (*frame.unlifted, *written)
+            found.written_unlifted = written
+            # The variables' values come before the result: XLA gives a donated buffer to
+            # the first output of its shape and dtype, which must be the variable's own.
+            final = {v: jax.freeze(ref) for v, ref in frame.refs.items()}
+            final.update(frame.values)
             return (
+                [final[v] for v in lifted],
+                [final[v] for v in written],
                 result,
-                [frame.values[v] for v in lifted],
-                [frame.values[v] for v in written],
             )
 
-        entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), split, extra)
-        return entry
+        # keep_unused: a variable the function only writes is still donated and updated in
+        # place (JAX would otherwise prune the unread argument and its donation).
+        jitted = jax.jit(pure, donate_argnums=0, **{"keep_unused": True, **self._jit_kwargs})
+        return _Entry(lifted, jitted, split, extra, refs, found)
 
 
 # The plain functions `jit` returned: a wrapper made with functools.wraps copies their

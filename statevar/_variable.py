@@ -331,16 +331,14 @@ class Variable:
         ):
             value = convert_for_update(value, self, operation)
         del current  # a reference held here would make the array look shared
-        if _trace.open_frames:
-            frame = _trace.innermost()
-            if frame is not None:
-                # While statevar.jit or statevar.grad traces: record the new traced value.
-                old = _trace.read(self) if operation != "assign" else None
-                if old is None:
-                    old = self._value
-                new = _update.PURE[operation](old, value, *(index or ()))
-                _trace.write(frame, self, new, PHRASES[operation])
-                return self
+        if _trace.open_frames and _trace.innermost() is not None:
+            # While statevar.jit or statevar.grad traces: record the new traced value.
+            old = _trace.read(self) if operation != "assign" else None
+            if old is None:
+                old = self._value
+            new = _update.PURE[operation](old, value, *(index or ()))
+            _trace.write(self, new, PHRASES[operation])
+            return self
         donating, copying = _UPDATES[operation]
         _acquire()  # rather than `with _state_lock`, which costs twice as much
         try:
