@@ -39,7 +39,7 @@ import statevar
 IN_FEATURES, HIDDEN, OUT_FEATURES, BATCH = 32, 64, 1, 16
 NUM_SMALL_VARIABLES, SMALL_SIZE = 1000, 4
 LEARNING_RATE = 1e-3
-TARGETS = {"MLP": 1.10, "1,000 variables": 1.2}
+TARGETS = {"MLP": 1.10, "1,000 variables": 1.2, "scan": 1.02}
 
 
 # ----------------------------------------------------------------------------- data
@@ -203,6 +203,49 @@ def jax_many_step() -> Callable[[jax.Array], jax.Array]:
     return step
 
 
+# ----------------------------------------------------------------------------- scan of steps
+# SCAN_STEPS MLP steps in one compiled call: ``jax.lax.scan`` over a stack of batches.
+SCAN_STEPS = 50
+
+
+def statevar_scan_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
+    one_step = statevar_mlp_step()
+
+    @statevar.jit
+    def steps(xs: jax.Array, ys: jax.Array) -> jax.Array:
+        return jax.lax.scan(lambda c, batch: (c, one_step(*batch)), None, (xs, ys))[1]
+
+    return steps
+
+
+def jax_scan_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
+    tx = optax.sgd(LEARNING_RATE)
+
+    def loss_fn(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+        hidden = jax.nn.relu(x @ params["kernel_1"] + params["bias_1"])
+        return jnp.mean((hidden @ params["kernel_2"] + params["bias_2"] - y) ** 2)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def pure_steps(params, opt_state, xs, ys):
+        def one(carry, batch):
+            params, opt_state = carry
+            loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        (params, opt_state), losses = jax.lax.scan(one, (params, opt_state), (xs, ys))
+        return params, opt_state, losses
+
+    params = initial_mlp_params()
+    state = [params, tx.init(params)]
+
+    def steps(xs: jax.Array, ys: jax.Array) -> jax.Array:
+        state[0], state[1], losses = pure_steps(state[0], state[1], xs, ys)
+        return losses
+
+    return steps
+
+
 # ----------------------------------------------------------------------------- timing
 
 
@@ -277,8 +320,21 @@ def main(argv: list[str] | None = None) -> None:
         args.rounds,
         args.steps_per_round,
     )
+    xs, ys = jnp.stack([x] * SCAN_STEPS), jnp.stack([y] * SCAN_STEPS)
+    scan = benchmark(
+        {"statevar.jit": statevar_scan_step(), "jax.jit (donated)": jax_scan_step()},
+        (xs, ys),
+        args.rounds,
+        max(1, args.steps_per_round // 10),
+    )
     results = [
         report("MLP 32->64->1, batch 16, sgd", mlp, "jax.jit (donated)", TARGETS["MLP"]),
+        report(
+            f"lax.scan of {SCAN_STEPS} MLP steps in one call (us per call)",
+            scan,
+            "jax.jit (donated)",
+            TARGETS["scan"],
+        ),
         report(
             f"{NUM_SMALL_VARIABLES:,} variables f32[{SMALL_SIZE}], sgd",
             many,

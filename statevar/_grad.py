@@ -19,9 +19,12 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
 
     Like ``tf.GradientTape``: ``fn`` reads variables by closure (no arguments needed) or
     takes arguments; the trainable, floating-point variables in ``wrt`` are differentiated
-    and every other variable is a constant. Works eagerly and inside `statevar.jit`. No
-    buffer is donated and no variable changes; after the call every variable holds a
-    concrete array.
+    and every other variable is a constant. Works eagerly and inside `statevar.jit`, with
+    JAX's control flow (``lax.cond``, ``lax.scan``, ...) inside ``fn``. ``fn`` may assign
+    variables it is not differentiated with respect to (batch-norm statistics, a counter):
+    each assignment applies once, after the gradient is computed, and stores its value
+    without differentiating through it, as ``tf.GradientTape`` treats ``assign``. No
+    buffer is donated during the call; after it every variable holds a concrete array.
 
     Args:
       fn: a function returning a scalar (or ``(scalar, aux)`` with ``has_aux=True``).
@@ -31,12 +34,14 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
     Returns:
       A function taking ``fn``'s arguments and returning ``(value, grads)`` (or
       ``((value, aux), grads)``). ``grads`` mirrors ``wrt``: a Module gives a dict keyed by
-      variable name; the slot of a non-trainable or integer variable holds None, as
-      ``tf.GradientTape`` gives.
+      variable name; the slot of a non-trainable or integer variable, or of one ``fn``
+      never reads, holds None, as ``tf.GradientTape`` gives.
 
     Raises:
       TypeError: if ``wrt`` is not a Variable, Module or container of them.
-      TraceContextError: if ``fn`` creates or assigns a variable.
+      TraceContextError: if ``fn`` creates a variable, assigns one it is differentiated
+        with respect to, or assigns one where JAX cannot carry the update (see
+        ``docs/training.md``).
 
     Example:
       >>> import statevar
@@ -47,24 +52,46 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
       (18.0, 12.0, None)
     """
     variable_tree(wrt, "statevar.grad's wrt")
+    # Eager calls only: the variables the function assigned under nested JAX
+    # transformations, held in refs from then on (see `_trace`).
+    learned_refs: dict[Variable, None] = {}
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         tree = variable_tree(wrt, "statevar.grad's wrt")
         leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_variable)
         lifted = list(dict.fromkeys(v for v in leaves if is_differentiable(v)))
+        outermost = _trace.innermost() is None
+        while True:
+            # Outside statevar.jit, this frame owns the refs; inside, the jit frame does.
+            refs = {v: jax.new_ref(v._read()) for v in learned_refs} if outermost else {}
+            frame = _trace.Frame("grad", {}, refs)
 
-        def pure(primals: list[jax.Array]) -> Any:
-            with _trace.Frame("grad", dict(zip(lifted, primals, strict=True))):
-                return read_variables(fn(*args, **kwargs))
+            def pure(primals: list[jax.Array], frame: _trace.Frame = frame) -> Any:
+                frame.values = dict(zip(lifted, primals, strict=True))
+                frame.differentiated = frozenset(lifted)
+                with frame:
+                    out = read_variables(fn(*args, **kwargs))
+                loss, aux = out if has_aux else (out, None)
+                # Assignments made at this level come out as values, applied afterwards.
+                return loss, (aux, [frame.values[v] for v in frame.written])
 
-        value, gradients = jax.value_and_grad(pure, has_aux=has_aux)([v._read() for v in lifted])
-        by_variable = dict(zip(lifted, gradients, strict=True))
+            primals = [v._read() for v in lifted]
+            (value, (aux, written)), gradients = jax.value_and_grad(pure, has_aux=True)(primals)
+            if not (outermost and frame.wanted_refs):
+                break
+            learned_refs.update(frame.wanted_refs)
+        for variable, new in zip(frame.written, written, strict=True):
+            variable.assign(new)
+        for variable, ref in refs.items():
+            variable.assign(jax.freeze(ref))
+        # A variable the function never read gets None, as tf.GradientTape gives.
+        by_variable = {v: g for v, g in zip(lifted, gradients, strict=True) if v in frame.read}
         grads = treedef.unflatten([by_variable.get(v) for v in leaves])
         if isinstance(wrt, Module):
             # Keep the module's order (JAX rebuilds dicts with sorted keys).
             grads = {name: grads[name] for name in tree}
-        return value, grads
+        return ((value, aux) if has_aux else value), grads
 
     return wrapped
 

@@ -20,9 +20,9 @@ import numpy as np
 from . import _trace, _update, _variable
 from ._convert import Tracer
 from ._errors import StatevarError, TraceContextError
-from ._signals import held_signals
 from ._grad import read_variables
 from ._module import Module, Structure, variables_and_structure
+from ._signals import held_signals
 from ._variable import Variable, View
 
 # Bound once: a compiled call is a hot path.
@@ -47,24 +47,27 @@ class _Entry:
     __slots__ = (
         "lifted",
         "jitted",
-        "unlifted",
-        "written_unlifted",
+        "found",
         "split",
         "extra",
         "flags",
         "epoch",
-        "targets",
-        "attributes",
+        "refs",
         "warm",
     )
 
-    def __init__(self, lifted: tuple[Variable, ...], jitted: Callable, split: tuple, extra: tuple):
+    def __init__(
+        self,
+        lifted: tuple[Variable, ...],
+        jitted: Callable,
+        split: tuple,
+        extra: tuple,
+        refs: tuple[Variable, ...],
+        found: _Found,
+    ):
         self.lifted = lifted
         self.jitted = jitted
-        # Set while tracing: variables read or assigned that were not lifted (to lift on the
-        # next call), and those of them assigned (whose new values the call returns).
-        self.unlifted: tuple[Variable, ...] = ()
-        self.written_unlifted: tuple[Variable, ...] = ()
+        self.found = found
         # How the call's arguments were split: (treedef, fixed, arg_variables), ``fixed``
         # holding a reference to each non-array argument by position (see `_reference`).
         self.split = split
@@ -73,12 +76,30 @@ class _Entry:
         # flags, checked again whenever any variable's flag changed (a new epoch).
         self.flags = tuple(v._trainable for v in lifted)
         self.epoch = _trainable_epoch[0]
-        # Where the compiled call's outputs go, set by the trace: each variable's new array
-        # into its ``_value``, then the result into a `_Returned`.
-        self.targets: tuple[Variable, ...] = lifted
-        self.attributes: tuple[str, ...] = ()
+        # The variables held in jax.Refs while tracing: those assigned under a nested JAX
+        # transformation (see `_trace`).
+        self.refs = refs
         # Whether the call has run once: later calls take JAX's C++ fast path.
         self.warm = False
+
+
+class _Found:
+    """What tracing an entry found, set by the trace."""
+
+    __slots__ = ("unlifted", "written_unlifted", "retrace", "targets", "attributes")
+
+    def __init__(self) -> None:
+        # Variables read or assigned that were not lifted (to lift on the next call), and
+        # those of them assigned (whose new values the call returns).
+        self.unlifted: tuple[Variable, ...] = ()
+        self.written_unlifted: tuple[Variable, ...] = ()
+        # Set by a trace that found variables assigned under nested transformations
+        # without a ref: (variables to lift, variables to hold in refs).
+        self.retrace: tuple[tuple[Variable, ...], tuple[Variable, ...]] | None = None
+        # Where the compiled call's outputs go: each variable's new array into its
+        # ``_value``, then the result into a `_Returned`'s ``value``.
+        self.targets: tuple[Variable, ...] = ()
+        self.attributes: tuple[str, ...] = ()
 
 
 class _Returned:
@@ -216,14 +237,15 @@ class JitFunction:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables' arrays."""
         if entry.epoch != _trainable_epoch[0]:
             if tuple(v._trainable for v in entry.lifted) != entry.flags:
-                entry = self._entries[key] = self._compile(entry.split, entry.extra)
+                entry = self._entries[key] = self._compile(entry.split, entry.extra, entry.refs)
             entry.epoch = _trainable_epoch[0]
         with _update.state_lock:
             arrays = [v._value for v in entry.lifted]
             # One pass in C for the common case: every array held by its variable alone.
             if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
                 arrays = _update.copy_shared(arrays)
-            previous = (*arrays, *(v._value for v in entry.written_unlifted))
+            found = entry.found
+            previous = (*arrays, *(v._value for v in found.written_unlifted))
             returned = _Returned()
             try:
                 if entry.warm:
@@ -234,8 +256,8 @@ class JitFunction:
                     _consume(
                         map(
                             _setattr,
-                            itertools.chain(entry.targets, (returned,)),
-                            entry.attributes,
+                            itertools.chain(found.targets, (returned,)),
+                            found.attributes,
                             itertools.chain.from_iterable(
                                 map(entry.jitted, (arrays,), (dynamic,))
                             ),
@@ -246,21 +268,35 @@ class JitFunction:
                     # hold the signal handlers until the new values are stored.
                     with held_signals():
                         outputs = entry.jitted(arrays, dynamic)
-                        targets = itertools.chain(entry.targets, (returned,))
-                        _consume(map(_setattr, targets, entry.attributes, outputs))
+                        if found.targets and isinstance(outputs[0], Tracer):
+                            raise self._under_transformation()
+                        targets = itertools.chain(found.targets, (returned,))
+                        _consume(map(_setattr, targets, found.attributes, outputs))
                     entry.warm = True
             except Exception as error:
                 raise self._failed_call(entry, arrays, error) from error
-            if entry.targets and isinstance(entry.targets[0]._value, Tracer):
+            if found.targets and isinstance(found.targets[0]._value, Tracer):
                 # Called inside jax.jit without traced arguments: the whole call was traced
-                # (nothing ran, nothing was donated), so every value is a tracer.
-                _consume(map(_setattr, entry.targets, entry.attributes, previous))
+                # (nothing ran, nothing was donated), so every value is a tracer. (A first
+                # call checks before storing: `previous` lacks what its trace found.)
+                _consume(map(_setattr, found.targets, found.attributes, previous))
                 raise self._under_transformation()
+            if found.retrace is not None:
+                # The trace met variables assigned under nested JAX transformations without
+                # a ref: it compiled to a step that gives back every variable unchanged.
+                # Trace again with refs for them, and run that.
+                unlifted, refs = found.retrace
+                entry = self._entries[key] = self._compile(
+                    entry.split, (*entry.extra, *unlifted), (*entry.refs, *refs)
+                )
+                return self._run(key, entry, dynamic)
         result = returned.value
-        if entry.unlifted:
+        if found.unlifted:
             # The trace touched variables it could not see beforehand (reads used their
             # current values); lift them from the next call on.
-            self._entries[key] = self._compile(entry.split, (*entry.extra, *entry.unlifted))
+            self._entries[key] = self._compile(
+                entry.split, (*entry.extra, *entry.found.unlifted), entry.refs
+            )
         return result
 
     def _failed_call(
@@ -310,14 +346,19 @@ class JitFunction:
         ]
         return frozenset(positions)
 
-    def _compile(self, split: tuple, extra: tuple) -> _Entry:
+    def _compile(self, split: tuple, extra: tuple, refs: tuple = ()) -> _Entry:
         treedef, fixed, arg_variables = split
-        lifted = tuple(dict.fromkeys([*arg_variables, *closure_variables(self._fn), *extra]))
+        refs = tuple(dict.fromkeys(refs))
+        lifted = tuple(dict.fromkeys([*arg_variables, *closure_variables(self._fn), *extra, *refs]))
         lifted_set = set(lifted)
         fn = self._fn
+        # What the trace finds; not the entry itself, which would make a reference cycle
+        # (entry -> jitted -> pure -> entry) that only the garbage collector frees.
+        found = _Found()
 
         def pure(arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Any:
-            frame = _trace.Frame("jit", dict(zip(lifted, arrays, strict=True)))
+            values = dict(zip(lifted, arrays, strict=True))
+            frame = _trace.Frame("jit", values, {v: jax.new_ref(values.pop(v)) for v in refs})
             with frame:
                 leaves, remaining, fixed_iter = [], iter(dynamic), iter(fixed)
                 next_fixed = next(fixed_iter, None)
@@ -328,19 +369,29 @@ class JitFunction:
                     else:
                         leaves.append(next(remaining))
                 args, kwargs = treedef.unflatten(leaves)
-                result = fn(*args, **kwargs)
-                result = read_variables(result)
+                result = read_variables(fn(*args, **kwargs))
+            if frame.wanted_refs:
+                # Finish this trace (raising out of it would leave JAX's caches of the nested
+                # functions' traces holding its tracers) as a step that changes nothing.
+                found.retrace = ((*frame.unlifted, *frame.written), tuple(frame.wanted_refs))
+                found.targets = lifted
+                found.attributes = ("_value",) * len(lifted) + ("value",)
+                return (*arrays, None)
             written = tuple(v for v in frame.written if v not in lifted_set)
-            entry.unlifted = (*frame.unlifted, *written)
-            entry.written_unlifted = written
-            entry.targets = (*lifted, *written)
-            entry.attributes = ("_value",) * len(entry.targets) + ("value",)
-            # The variables' values first: JAX gives a donated buffer to the first output of
-            # its size, and a result ahead of them would take a variable's buffer.
-            return (*(frame.values[v] for v in entry.targets), result)
+            found.unlifted = (*frame.unlifted, *written)
+            found.written_unlifted = written
+            found.targets = (*lifted, *written)
+            found.attributes = ("_value",) * len(found.targets) + ("value",)
+            # The variables' values come before the result: XLA gives a donated buffer to
+            # the first output of its shape and dtype, which must be the variable's own.
+            final = {v: jax.freeze(ref) for v, ref in frame.refs.items()}
+            final.update(frame.values)
+            return (*(final[v] for v in found.targets), result)
 
-        entry = _Entry(lifted, jax.jit(pure, donate_argnums=0, **self._jit_kwargs), split, extra)
-        return entry
+        # keep_unused: a variable the function only writes is still donated and updated in
+        # place (JAX would otherwise prune the unread argument and its donation).
+        jitted = jax.jit(pure, donate_argnums=0, **{"keep_unused": True, **self._jit_kwargs})
+        return _Entry(lifted, jitted, split, extra, refs, found)
 
 
 # The plain functions `jit` returned: a wrapper made with functools.wraps copies their

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -66,6 +67,8 @@ class Optimizer:
             for i, leaf in enumerate(state_leaves)
         )
         self._compiled_apply = jit(self._apply_traced)
+        # The variables `apply` has warned about getting no gradient for.
+        self._warned_no_gradient: set[Variable] = set()
 
     @property
     def variables(self) -> tuple[Variable, ...]:
@@ -88,9 +91,10 @@ class Optimizer:
 
         Args:
           grads: gradients mirroring the ``variables`` given at construction, as
-            `statevar.grad` returns them; None (a non-trainable slot, or no gradient)
-            leaves that variable unchanged, while its optimizer state is updated as for a
-            zero gradient (decaying Adam's moments, for example).
+            `statevar.grad` returns them; None (a non-trainable slot, or a variable the
+            loss did not read) leaves that variable and its own optimizer state (Adam's
+            moments, for example) unchanged. The first time an optimized variable gets
+            None, a warning names it.
 
         Raises:
           ValueError: if ``grads`` is structured differently or a gradient's shape does not
@@ -98,6 +102,17 @@ class Optimizer:
           TypeError: if a gradient is not an array.
         """
         flat = self._check(grads)
+        missing = [v for v, g in zip(self._params, flat, strict=True) if g is None]
+        unwarned = [v for v in missing if v not in self._warned_no_gradient]
+        if unwarned:
+            self._warned_no_gradient.update(unwarned)
+            warnings.warn(
+                f"Optimizer got no gradient for {', '.join(repr(v.name) for v in unwarned)}: "
+                "the loss does not read these variables, so they and their optimizer state "
+                "are left unchanged",
+                UserWarning,
+                stacklevel=2,
+            )
         if _trace.innermost() is not None:
             self._apply_traced(flat)
         else:
@@ -139,9 +154,31 @@ class Optimizer:
         state = self._state_treedef.unflatten([s.value for s in self._state])
         filled = [jnp.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
         updates, new_state = self._tx.update(filled, state, params)
+        missing = {i for i, g in enumerate(grads) if g is None}
+        if missing:
+            new_state = _keep_state_of(missing, len(params), state, new_state)
         new_params = optax.apply_updates(params, updates)
         for variable, gradient, new in zip(self._params, grads, new_params, strict=True):
             if gradient is not None:
                 variable.assign(new)
         for variable, new in zip(self._state, jax.tree.leaves(new_state), strict=True):
             variable.assign(new)
+
+
+def _keep_state_of(indices: set[int], count: int, old: Any, new: Any) -> Any:
+    """Returns ``new`` with the old per-parameter state of the parameters at ``indices``.
+
+    Optax keeps per-parameter state (Adam's moments) in trees shaped like the parameters,
+    here a list of ``count`` arrays; shared state (a step count) is taken from ``new``.
+    """
+
+    def is_per_parameter(x: Any) -> bool:
+        return isinstance(x, list) and len(x) == count
+
+    def select(old: Any, new: Any) -> Any:
+        if is_per_parameter(old):
+            pairs = enumerate(zip(old, new, strict=True))
+            return [kept if i in indices else updated for i, (kept, updated) in pairs]
+        return new
+
+    return jax.tree.map(select, old, new, is_leaf=is_per_parameter)

@@ -4,12 +4,28 @@ While a transformation traces a function, the variables it lifts are looked up i
 on a per-thread stack instead of in the variables themselves. Reads return the frame's
 traced value and writes replace it; the variables' own arrays are never touched, so no
 tracer can leak into a variable, and other threads keep seeing concrete arrays.
+
+A frame threads values functionally at its own trace level. JAX's own transformations
+traced inside it (``lax.cond``, ``lax.scan``, ``jax.checkpoint``, ...) run at deeper levels,
+where a plain value written would leak out of its trace. A variable written at such a level
+therefore lives in a `jax.Ref` made by the outermost frame from its value (for
+`statevar.jit`, from the donated argument): the refs read and write exactly as the Python
+would run step by step (an untaken branch does not write, a loop of zero steps changes
+nothing) and compile to the same donated buffers. Which variables need one is learned while
+tracing: a nested write without a ref is recorded in `Frame.wanted_refs` and dropped, and
+the frame that owns the trace traces again with refs for them. Variables never written
+under a nested transformation stay plain values, so their compiled code is unchanged.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import TYPE_CHECKING, Any
+
+import jax
+from jax import lax
+from jax.extend.core import find_top_trace, get_opaque_trace_state
 
 from ._errors import TraceContextError
 
@@ -22,28 +38,68 @@ _local = threading.local()
 open_frames = 0
 _count_lock = threading.Lock()
 
+# JAX caches the traces of the functions given to its transformations (a scan's body, a
+# cond's branches) by function and input types, with the values they close over. A function
+# reading variables closes over the values of the frame that traced it, so each frame traces
+# under its own value of this context, which JAX includes in those caches' keys.
+_frame_context = jax.make_user_context(None)
+_frame_numbers = itertools.count()
+
+# How messages name the transformations JAX traces a function for (a trace's debug info).
+_TRANSFORMATION_NAMES = {
+    "cond": "jax.lax.cond",
+    "switch": "jax.lax.switch",
+    "scan": "jax.lax.scan (or jax.lax.map)",
+    "fori_loop": "jax.lax.fori_loop",
+    "while_cond": "the cond_fun of jax.lax.while_loop",
+    "while_body": "jax.lax.while_loop",
+    "checkpoint / remat": "jax.checkpoint",
+    "custom_jvp fun": "a jax.custom_jvp function",
+    "custom_vjp fun": "a jax.custom_vjp function",
+    "jit": "jax.jit",
+}
+
 
 class Frame:
-    """Traced values of the variables one transformation has lifted.
+    """Values of the variables one transformation has lifted, while it traces.
 
     Attributes:
       kind: ``"jit"`` or ``"grad"``.
-      values: the current traced value of each lifted variable.
-      written: the variables assigned while tracing.
+      values: the current traced value of each variable held as a plain value.
+      refs: the `jax.Ref` of each variable written under a nested transformation.
+      differentiated: the variables a grad frame differentiates (never written).
+      read: the differentiated variables the function read (grad frames).
+      written: the variables assigned at the frame's own level.
       unlifted: variables read while tracing that the frame did not lift; their concrete
         values were used (jit frames only).
+      wanted_refs: variables written under a nested transformation that have no ref yet:
+        the frame traces again with refs for them (outermost frames only).
     """
 
-    def __init__(self, kind: str, values: dict[Variable, Any]):
+    def __init__(self, kind: str, values: dict[Variable, Any], refs: dict[Variable, Any]):
         self.kind = kind
         self.values = values
+        self.refs = refs
+        self.differentiated: frozenset[Variable] = (
+            frozenset(values) if kind == "grad" else frozenset()
+        )
+        self.read: dict[Variable, None] = {}
         self.written: dict[Variable, None] = {}
         self.unlifted: dict[Variable, None] = {}
+        self.wanted_refs: dict[Variable, None] = {}
+        # Reads under a while_loop's cond_fun: (the trace the loop was called in, variable).
+        self._while_reads: list[tuple[Any, Variable]] = []
+        self._state: Any = None
+        self._trace: Any = None
+        self._context: Any = None
 
     def __enter__(self) -> Frame:
         global open_frames
-        stack = _stack()
-        stack.append(self)
+        self._context = _frame_context(next(_frame_numbers))
+        self._context.__enter__()
+        self._state = get_opaque_trace_state()
+        self._trace = find_top_trace(())
+        _stack().append(self)
         with _count_lock:
             open_frames += 1
         return self
@@ -51,6 +107,8 @@ class Frame:
     def __exit__(self, *exc_info: object) -> None:
         global open_frames
         _stack().pop()
+        self._trace = None
+        self._context.__exit__(*exc_info)
         with _count_lock:
             open_frames -= 1
 
@@ -68,18 +126,36 @@ def innermost() -> Frame | None:
     return stack[-1] if stack else None
 
 
+def outermost() -> Frame | None:
+    """Returns this thread's outermost frame, or None."""
+    stack = getattr(_local, "stack", None)
+    return stack[0] if stack else None
+
+
 def read(var: Variable) -> Any | None:
     """Returns ``var``'s traced value in this thread's frames, or None to read it eagerly.
 
     A jit frame that has not lifted ``var`` records it as unlifted, so `statevar.jit` can
     lift it on the next trace.
+
+    Raises:
+      TraceContextError: if ``var`` lives in a ref and is read where a ref cannot be (a
+        `jax.custom_jvp` function).
     """
     stack = getattr(_local, "stack", None)
     if not stack:
         return None
     for frame in reversed(stack):
-        if var in frame.values:
-            return frame.values[var]
+        if frame.refs:
+            ref = frame.refs.get(var)
+            if ref is not None:
+                _check_ref_read(frame, var)
+                return ref[...]
+        value = frame.values.get(var)
+        if value is not None:
+            if frame.differentiated:
+                frame.read[var] = None
+            return value
     for frame in stack:
         if frame.kind == "jit":
             frame.unlifted[var] = None
@@ -87,20 +163,126 @@ def read(var: Variable) -> Any | None:
     return None
 
 
-def write(frame: Frame, var: Variable, value: Any, operation: str) -> None:
-    """Records an assignment to ``var`` made while ``frame`` traces.
+def write(var: Variable, value: Any, operation: str) -> None:
+    """Records an assignment to ``var`` made while a frame traces.
+
+    At the innermost frame's own level the value replaces the frame's. Under a nested
+    transformation it goes into the variable's ref; a variable without one is recorded in
+    the outermost frame's `Frame.wanted_refs` (the write is dropped: that frame traces
+    again). Inside `statevar.grad` the stored value is not differentiated through
+    (``stop_gradient``), as TensorFlow's tape treats ``assign``.
 
     Raises:
-      TraceContextError: inside `statevar.grad`, which differentiates a pure function.
+      TraceContextError: if ``var`` is being differentiated by `statevar.grad`, or the
+        write is under a transformation that cannot carry it out (``jax.vmap``, a
+        ``jax.custom_jvp`` function, a while loop whose cond_fun reads ``var``).
     """
-    if frame.kind == "grad":
-        raise TraceContextError(
-            f"Cannot {operation} Variable '{var.name}' inside statevar.grad: the "
-            "differentiated function must not change variables. Return the new value "
-            "(with has_aux=True) and assign it after the gradient call."
-        )
-    frame.values[var] = value
-    frame.written[var] = None
+    stack = _stack()
+    for frame in stack:
+        if var in frame.differentiated:
+            raise TraceContextError(
+                f"Cannot {operation} Variable '{var.name}' inside statevar.grad, which "
+                "differentiates with respect to it. Make a variable the forward pass updates "
+                "(batch-norm statistics, a counter) non-trainable, or return the new value "
+                "(with has_aux=True) and assign it after the gradient call."
+            )
+    for frame in reversed(stack):
+        if frame.refs:
+            ref = frame.refs.get(var)
+            if ref is not None:
+                _check_nested_write(frame, var, operation, has_ref=True)
+                ref[...] = lax.stop_gradient(value)
+                return
+    frame = stack[-1]
+    if get_opaque_trace_state() == frame._state:
+        if frame.kind == "grad":
+            value = lax.stop_gradient(value)
+        frame.values[var] = value
+        frame.written[var] = None
+        return
+    owner = stack[0]
+    _check_nested_write(owner, var, operation, has_ref=False)
+    owner.wanted_refs[var] = None
+
+
+def _traces_below(frame: Frame) -> list[Any]:
+    """The traces between the current one (first) and ``frame``'s own (excluded)."""
+    traces, trace = [], find_top_trace(())
+    while trace is not None and trace is not frame._trace:
+        traces.append(trace)
+        trace = getattr(trace, "parent_trace", None)
+    return traces
+
+
+def _traced_for(trace: Any) -> str | None:
+    debug_info = getattr(getattr(trace, "frame", None), "debug_info", None)
+    return getattr(debug_info, "traced_for", None)
+
+
+def describe(trace: Any) -> str:
+    """Names the JAX transformation ``trace`` traces for, as messages show it."""
+    kind = type(trace).__name__
+    if kind == "BatchTrace":
+        return "jax.vmap"
+    if kind in ("JVPTrace", "LinearizeTrace"):
+        return "jax.grad (or another JAX differentiation)"
+    traced_for = _traced_for(trace)
+    return _TRANSFORMATION_NAMES.get(traced_for or "", traced_for or "a JAX transformation")
+
+
+def _check_ref_read(frame: Frame, var: Variable) -> None:
+    for trace in _traces_below(frame):
+        traced_for = _traced_for(trace)
+        if traced_for == "custom_jvp fun":
+            raise _custom_jvp_error(var, "read")
+        if traced_for == "while_cond":
+            frame._while_reads.append((getattr(trace, "parent_trace", None), var))
+
+
+def _check_nested_write(frame: Frame, var: Variable, operation: str, has_ref: bool) -> None:
+    traces = _traces_below(frame)
+    differentiating = any(f.kind == "grad" for f in _stack()) or any(
+        type(trace).__name__ in ("JVPTrace", "LinearizeTrace") for trace in traces
+    )
+    for trace in traces:
+        if type(trace).__name__ == "BatchTrace":
+            raise TraceContextError(
+                f"Cannot {operation} Variable '{var.name}' inside jax.vmap: a variable holds "
+                "one value, not one per batch element. Return the new values from the "
+                "vmapped function and assign (a reduction of) them outside it."
+            )
+        traced_for = _traced_for(trace)
+        if traced_for == "custom_jvp fun":
+            raise _custom_jvp_error(var, operation)
+        if traced_for == "checkpoint / remat" and differentiating:
+            raise TraceContextError(
+                f"Cannot {operation} Variable '{var.name}' inside jax.checkpoint while "
+                "differentiating: the checkpointed function runs again to recompute its "
+                "values for the gradient, so the assignment would apply twice. Assign outside "
+                "the checkpointed function (it may still read variables)."
+            )
+        if traced_for == "while_body" and has_ref:
+            parent = getattr(trace, "parent_trace", None)
+            if any(p is parent and v is var for p, v in frame._while_reads):
+                raise TraceContextError(
+                    f"Cannot {operation} Variable '{var.name}' in the body of a "
+                    "jax.lax.while_loop whose cond_fun reads it: the cond_fun would see the "
+                    "value from before the loop, not the body's updates. Carry the value in "
+                    "the loop state (init_val) and assign it after the loop."
+                )
+
+
+def _custom_jvp_error(var: Variable, operation: str) -> TraceContextError:
+    return TraceContextError(
+        f"Cannot {operation} Variable '{var.name}' inside a jax.custom_jvp function: it is "
+        "assigned under a JAX transformation elsewhere in this step, so it lives in a "
+        "jax.Ref, which custom_jvp cannot carry. Read the value outside and pass it to the "
+        "function as an argument."
+        if operation == "read"
+        else f"Cannot {operation} Variable '{var.name}' inside a jax.custom_jvp function, "
+        "which cannot carry a variable's update. Return the new value from the function and "
+        "assign it outside."
+    )
 
 
 def check_creation(name: str) -> None:

@@ -345,16 +345,14 @@ class Variable:
                 value = convert_for_update(value, self, operation)
             signature = None
         del current  # a reference held here would make the array look shared
-        if _trace.open_frames:
-            frame = _trace.innermost()
-            if frame is not None:
-                # While statevar.jit or statevar.grad traces: record the new traced value.
-                old = _trace.read(self) if operation != "assign" else None
-                if old is None:
-                    old = self._value
-                new = _update.PURE[operation](old, value, *(index or ()))
-                _trace.write(frame, self, new, PHRASES[operation])
-                return self
+        if _trace.open_frames and _trace.innermost() is not None:
+            # While statevar.jit or statevar.grad traces: record the new traced value.
+            old = _trace.read(self) if operation != "assign" else None
+            if old is None:
+                old = self._value
+            new = _update.PURE[operation](old, value, *(index or ()))
+            _trace.write(self, new, PHRASES[operation])
+            return self
         operands = ((value,),) if index is None else ((value,), *((part,) for part in index))
         if signature is None:
             signature = _update.signature(operation, value, index)

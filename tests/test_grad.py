@@ -113,20 +113,95 @@ def test_wrt_must_be_variables(bad):
         statevar.grad(lambda: 0.0, bad)
 
 
-def test_assigning_inside_grad_is_refused_and_changes_nothing():
-    w = statevar.Variable(1.0)
+@pytest.mark.parametrize("transform", [statevar.jit, lambda fn: fn], ids=["jit", "eager"])
+def test_assigning_a_differentiated_variable_inside_grad_is_refused(transform):
+    w = statevar.Variable(1.0, name="w")
     counter = statevar.Variable(0, trainable=False, name="counter")
 
     def loss():
         counter.assign_add(1)
+        w.assign_add(1.0)
         return w * w
 
     with pytest.raises(
         statevar.TraceContextError,
-        match="Cannot assign_add to Variable 'counter' inside statevar.grad",
+        match="Cannot assign_add to Variable 'w' inside statevar.grad, which differentiates",
     ):
-        statevar.grad(loss, w)()
-    assert int(counter) == 0 and not isinstance(counter._value, jax.core.Tracer)
+        transform(statevar.grad(loss, w))()
+    assert (float(w), int(counter)) == (1.0, 0)
+    assert not isinstance(counter._value, jax.core.Tracer)
+
+
+@pytest.mark.parametrize("transform", [statevar.jit, lambda fn: fn], ids=["jit", "eager"])
+def test_non_trainable_variables_assigned_in_the_forward_pass_update_once(transform):
+    w = statevar.Variable(2.0, name="w")
+    calls = statevar.Variable(0, trainable=False, name="calls")
+    last_input = statevar.Variable(0.0, trainable=False, name="last_input")
+
+    def loss(x):
+        calls.assign_add(1)
+        last_input.assign(x * w)  # stores the value; not differentiated through
+        return w * x * last_input
+
+    step = transform(statevar.value_and_grad(loss, [w, calls]))
+    value, (dw, dcalls) = step(3.0)
+    # Only the direct dependence on w counts: d(w * x * c)/dw = x * c with c = 6.
+    assert (float(value), float(dw), dcalls) == (36.0, 18.0, None)
+    assert (int(calls), float(last_input)) == (1, 6.0)
+    step(1.0)
+    assert (int(calls), float(last_input)) == (2, 2.0)
+
+
+class BatchNorm(statevar.Module):
+    def __init__(self, features):
+        self.scale = statevar.Variable(jnp.ones(features))
+        self.mean = statevar.Variable(jnp.zeros(features), trainable=False)
+        self.var = statevar.Variable(jnp.ones(features), trainable=False)
+
+    def __call__(self, x, momentum=0.9):
+        mean, var = x.mean(0), x.var(0)
+        self.mean.assign(momentum * self.mean + (1 - momentum) * mean)
+        self.var.assign(momentum * self.var + (1 - momentum) * var)
+        return (x - mean) / jnp.sqrt(var + 1e-5) * self.scale
+
+
+def _pure_batch_norm_step(scale, mean, var, x, momentum=0.9):
+    def loss(scale):
+        batch_mean, batch_var = x.mean(0), x.var(0)
+        y = (x - batch_mean) / jnp.sqrt(batch_var + 1e-5) * scale
+        stats = (
+            momentum * mean + (1 - momentum) * batch_mean,
+            momentum * var + (1 - momentum) * batch_var,
+        )
+        return jnp.sum(y**3), stats
+
+    (value, (mean, var)), grad = jax.value_and_grad(loss, has_aux=True)(scale)
+    return value, scale - 0.1 * grad, mean, var
+
+
+@pytest.mark.parametrize("transform", [statevar.jit, lambda fn: fn], ids=["jit", "eager"])
+def test_batch_norm_statistics_match_the_same_model_in_pure_jax(transform):
+    model = BatchNorm(3)
+    loss_and_grads = statevar.value_and_grad(lambda x: jnp.sum(model(x) ** 3), model)
+
+    @transform
+    def step(x):
+        value, grads = loss_and_grads(x)
+        model.scale.assign_sub(0.1 * grads["scale"])
+        return value
+
+    scale, mean, var = jnp.ones(3), jnp.zeros(3), jnp.ones(3)
+    pure_step = (
+        jax.jit(_pure_batch_norm_step) if transform is statevar.jit else _pure_batch_norm_step
+    )
+    for seed in range(3):
+        x = jax.random.normal(jax.random.key(seed), (8, 3)) * (seed + 1.0)
+        value = step(x)
+        expected, scale, mean, var = pure_step(scale, mean, var, x)
+        chex.assert_trees_all_equal(value, expected)
+    chex.assert_trees_all_equal(
+        (model.scale.value, model.mean.value, model.var.value), (scale, mean, var)
+    )
 
 
 def test_creating_a_variable_inside_grad_is_refused():

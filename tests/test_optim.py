@@ -5,6 +5,7 @@ import copy
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -67,10 +68,36 @@ def test_state_lives_in_non_trainable_variables_updated_in_place():
 
 
 def test_a_none_gradient_leaves_the_variable_unchanged():
-    a, b = statevar.Variable(1.0), statevar.Variable(2.0)
+    a, b = statevar.Variable(1.0), statevar.Variable(2.0, name="b")
     opt = statevar.Optimizer(optax.sgd(1.0), [a, b])
-    opt.apply([jnp.float32(0.5), None])
+    with pytest.warns(UserWarning, match="Optimizer got no gradient for 'b'"):
+        opt.apply([jnp.float32(0.5), None])
     assert (float(a), float(b)) == (0.5, 2.0)
+
+
+@pytest.mark.parametrize("transform", [statevar.jit, lambda fn: fn], ids=["jit", "eager"])
+def test_an_unread_variable_and_its_optimizer_state_are_untouched_with_one_warning(transform):
+    used = statevar.Variable([1.0, 2.0], name="used")
+    unused = statevar.Variable([3.0, 4.0], name="unused")
+    opt = statevar.Optimizer(optax.adam(0.1), [used, unused])
+    opt.apply([jnp.ones(2), jnp.ones(2)])  # gives the unused variable's moments a value
+    moments_before = [v.value for v in opt.state_variables]
+    unused_before = unused.value
+    step = transform(
+        lambda: opt.apply(statevar.grad(lambda: jnp.sum(used * used), [used, unused])())
+    )
+
+    with pytest.warns(UserWarning, match="Optimizer got no gradient for 'unused'") as caught:
+        step()
+        step()
+    assert len(caught) == 1
+    assert statevar.grad(lambda: jnp.sum(used * used), [used, unused])()[1] is None
+    chex.assert_trees_all_equal(unused.value, unused_before)
+    # Adam's state: the step count, then the moments of each variable.
+    count, mu_used, mu_unused, nu_used, nu_unused = (v.value for v in opt.state_variables)
+    chex.assert_trees_all_equal((mu_unused, nu_unused), (moments_before[2], moments_before[4]))
+    assert int(count) == 3
+    assert not np.array_equal(mu_used, moments_before[1])
 
 
 def test_gradients_must_mirror_the_variables():
