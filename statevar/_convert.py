@@ -113,6 +113,29 @@ def convert_host_integers(value: int | np.ndarray | np.generic, dtype: np.dtype)
         return None
 
 
+def check_device_range(value: jax.Array, dtype: np.dtype, action: str, described: Any) -> None:
+    """Refuses a device integer array with values outside integer ``dtype``'s range.
+
+    Args:
+      value: a concrete integer `jax.Array`.
+      dtype: the integer dtype it is to be converted to.
+      action: what was attempted, for the message (``"Cannot assign to Variable 'w'"``).
+      described: how the message names the value's dtype.
+
+    Raises:
+      DtypeMismatchError: if a value does not fit (300 into int8 would wrap to 44).
+    """
+    if holds_range_of(dtype, value.dtype) or not value.size:
+        return
+    low, high = int(value.min()), int(value.max())
+    smallest, largest = integer_range(dtype)
+    if low < smallest or high > largest:
+        raise DtypeMismatchError(
+            f"{action}: a value of dtype {described} (from {low} to {high}) is out of range "
+            f"for the variable's dtype {dtype}"
+        )
+
+
 def check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) -> None:
     """Refuses an explicit ``dtype=`` that ``initial_value`` does not convert to safely,
     by the rules `Variable.assign` applies.
@@ -142,7 +165,11 @@ def check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) ->
             f"{short_repr(initial_value)}: {FAMILY_NAMES[source]} values cannot be converted "
             f"safely to {dtype} ({FAMILY_NAMES[source]} into {FAMILY_NAMES[target]})"
         )
-    if source == INT and target == INT and not is_concrete_array(initial_value):
+    if source == INT and target == INT and is_concrete_array(initial_value):
+        check_device_range(
+            initial_value, dtype, f"Cannot create Variable '{label}'", initial_value.dtype
+        )
+    elif source == INT and target == INT:
         host = initial_value if isinstance(initial_value, int) else np.asarray(initial_value)
         if convert_host_integers(host, dtype) is None:
             raise DtypeMismatchError(
@@ -251,16 +278,7 @@ def convert_for_update(
             + ("" if source is None else f" ({FAMILY_NAMES[source]} into {FAMILY_NAMES[target]})")
         )
     if source == INT and target == INT and is_concrete_array(value):
-        if not holds_range_of(dtype, value.dtype) and value.size:
-            # A device array narrowing into a smaller integer dtype: check its range.
-            low, high = int(value.min()), int(value.max())
-            smallest, largest = integer_range(dtype)
-            if low < smallest or high > largest:
-                raise DtypeMismatchError(
-                    f"Cannot {operation} Variable '{name}': a value of dtype "
-                    f"{described} (from {low} to {high}) is out of range for the "
-                    f"variable's dtype {dtype}"
-                )
+        check_device_range(value, dtype, f"Cannot {operation} Variable '{name}'", described)
     if source == INT and not isinstance(value, jax.Array):
         converted = convert_host_integers(value, dtype)
         if converted is None:

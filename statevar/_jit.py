@@ -258,9 +258,7 @@ class JitFunction:
                             _setattr,
                             itertools.chain(found.targets, (returned,)),
                             found.attributes,
-                            itertools.chain.from_iterable(
-                                map(entry.jitted, (arrays,), (dynamic,))
-                            ),
+                            itertools.chain.from_iterable(map(entry.jitted, (arrays,), (dynamic,))),
                         )
                     )
                 else:
@@ -299,14 +297,14 @@ class JitFunction:
             )
         return result
 
-    def _failed_call(
-        self, entry: _Entry, arrays: list[jax.Array], error: Exception
-    ) -> Exception:
+    def _failed_call(self, entry: _Entry, arrays: list[jax.Array], error: Exception) -> Exception:
         """The error to raise when a compiled call failed; no variable has changed."""
         deleted = [v for v, a in zip(entry.lifted, arrays, strict=True) if a.is_deleted()]
         if not deleted:
             return error
-        if str(error).startswith("Array has been deleted"):
+        if str(error).startswith("Array has been deleted") or "has been deleted or donated" in str(
+            error
+        ):
             # JAX refused the call before running it: the arrays were deleted beforehand.
             return deleted[0]._deleted_error(
                 f"The statevar.jit function {self.__name__!r} cannot read"

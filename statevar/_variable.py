@@ -290,8 +290,8 @@ class Variable:
                         for part in _update.rebuild_index(static, dynamic)
                     )
                 ].shape
-            except IndexError as error:
-                raise IndexError(
+            except (IndexError, ValueError) as error:  # out of range; a slice step of 0
+                raise type(error)(
                     f"Cannot set Variable '{self.name}'[{short_repr(index)}]: {error} "
                     f"(the variable's shape is {self.shape})"
                 ) from None
@@ -347,6 +347,7 @@ class Variable:
         del current  # a reference held here would make the array look shared
         if _trace.open_frames and _trace.innermost() is not None:
             # While statevar.jit or statevar.grad traces: record the new traced value.
+            self._check_operation(operation)
             old = _trace.read(self) if operation != "assign" else None
             if old is None:
                 old = self._value
@@ -368,11 +369,12 @@ class Variable:
                     # chain: no bytecode between the donation and the store.
                     _consume(map(_setattr, (self,), _VALUE, map(update, (old,), *operands)))
                 else:
+                    self._check_operation(operation)
                     # JAX's first call for these argument types runs Python code after
                     # donating: hold the signal handlers until the result is stored.
                     with held_signals():
                         _consume(map(_setattr, (self,), _VALUE, map(update, (old,), *operands)))
-            except RuntimeError:
+            except (RuntimeError, ValueError):  # JAX's slow and fast paths, for a deleted array
                 if old.is_deleted():
                     # Donated or deleted outside statevar: only assign can restore it.
                     if operation != "assign":
@@ -392,6 +394,20 @@ class Variable:
         if _settings.log_placement:
             _placement.log(self.name, operation, self.device)
         return self
+
+    def _check_operation(self, operation: str) -> None:
+        """Refuses arithmetic on a bool variable, as tf.Variable does (JAX would give a
+        logical or for assign_add, and an error naming no variable for assign_sub).
+
+        Raises:
+          DtypeMismatchError: for assign_add or assign_sub on a bool variable.
+        """
+        if operation in ("assign_add", "assign_sub") and self._value.dtype == np.bool_:
+            raise DtypeMismatchError(
+                f"Cannot {PHRASES[operation]} Variable '{self.name}': it has dtype bool, "
+                "which has no addition or subtraction; use assign (with jnp.logical_or or "
+                "jnp.logical_xor of its value) instead"
+            )
 
     def _deleted_error(self, action: str) -> ValueError:
         return ValueError(
@@ -449,6 +465,21 @@ class Variable:
 
     def __index__(self) -> int:
         return self._read().__index__()
+
+    def __round__(self, ndigits: int | None = None) -> Any:
+        return round(self._read(), ndigits)
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self._read()
+
+    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
+        return self._read().__array_namespace__(api_version=api_version)
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._read().__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._read().__dlpack_device__()
 
     def __deepcopy__(self, memo: dict) -> Variable:
         return Variable(
@@ -599,9 +630,49 @@ for _names, _op in [
     (("__and__", "__rand__"), jnp.bitwise_and),
     (("__or__", "__ror__"), jnp.bitwise_or),
     (("__xor__", "__rxor__"), jnp.bitwise_xor),
+    (("__lshift__", "__rlshift__"), jnp.left_shift),
+    (("__rshift__", "__rrshift__"), jnp.right_shift),
+    (("__divmod__", "__rdivmod__"), jnp.divmod),
 ]:
     setattr(Variable, _names[0], _binary(_op))
     setattr(Variable, _names[1], _binary(_op, reflected=True))
+
+
+def _in_place(symbol: str, hint: str) -> Any:
+    def method(self: Variable, other: Any) -> Any:
+        raise TypeError(
+            f"Cannot use {symbol} on Variable '{self.name}': it would rebind the name to a new "
+            f"array and leave the variable unchanged. Update it in place with {hint}."
+        )
+
+    return method
+
+
+def _in_place_on_view(op: Any) -> Any:
+    # A view is a value, not a variable: ``x += 1`` rebinds the name, as for a jax.Array.
+    def method(self: View, other: Any) -> Any:
+        return op(self._read(), _operand(other))
+
+    return method
+
+
+for _name, _symbol, _hint, _op in [
+    ("__iadd__", "+=", "v.assign_add(x)", jnp.add),
+    ("__isub__", "-=", "v.assign_sub(x)", jnp.subtract),
+    ("__imul__", "*=", "v.assign(v * x)", jnp.multiply),
+    ("__itruediv__", "/=", "v.assign(v / x)", jnp.true_divide),
+    ("__ifloordiv__", "//=", "v.assign(v // x)", jnp.floor_divide),
+    ("__imod__", "%=", "v.assign(v % x)", jnp.mod),
+    ("__ipow__", "**=", "v.assign(v ** x)", jnp.power),
+    ("__imatmul__", "@=", "v.assign(v @ x)", jnp.matmul),
+    ("__iand__", "&=", "v.assign(v & x)", jnp.bitwise_and),
+    ("__ior__", "|=", "v.assign(v | x)", jnp.bitwise_or),
+    ("__ixor__", "^=", "v.assign(v ^ x)", jnp.bitwise_xor),
+    ("__ilshift__", "<<=", "v.assign(v << x)", jnp.left_shift),
+    ("__irshift__", ">>=", "v.assign(v >> x)", jnp.right_shift),
+]:
+    setattr(Variable, _name, _in_place(_symbol, _hint))
+    setattr(View, _name, _in_place_on_view(_op))
 
 for _name, _op in [
     ("__eq__", jnp.equal),

@@ -797,3 +797,27 @@ def test_boolean_mask_assignment_inside_statevar_jit():
 
     clip()
     chex.assert_trees_all_close(v.value, jnp.array([0.0, 2.0, 0.0]))
+
+
+# --------------------------------------------------------------- rejected updates name the variable
+
+
+@pytest.mark.parametrize(
+    "update, phrase",
+    [(lambda v: v.assign_sub(True), "assign_sub"), (lambda v: v.assign_add(True), "assign_add")],
+)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_arithmetic_on_a_bool_variable_is_refused_by_name(update, phrase, compiled):
+    v = statevar.Variable([True, False], name="flags")
+    run = statevar.jit(lambda: update(v)) if compiled else (lambda: update(v))
+    expected = f"Cannot {phrase} to Variable 'flags'.*bool"
+    with pytest.raises(statevar.DtypeMismatchError, match=expected):
+        run()
+    np.testing.assert_array_equal(v.numpy(), [True, False])
+
+
+def test_a_slice_step_of_zero_is_refused_by_name():
+    v = statevar.Variable(jnp.zeros(4), name="w")
+    with pytest.raises(ValueError, match=r"Cannot set Variable 'w'\[.*slice step cannot be zero"):
+        v[::0] = 1.0
+    np.testing.assert_array_equal(v.numpy(), np.zeros(4))

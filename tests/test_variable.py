@@ -643,3 +643,176 @@ def test_an_unknown_dtype_is_refused():
         statevar.DtypeMismatchError, match="Cannot create Variable 'v' with dtype 'banana'"
     ):
         statevar.Variable(1.0, dtype="banana", name="v")
+
+
+# --------------------------------------------------------------- dtype= at creation
+
+
+@pytest.mark.parametrize(
+    "source, dtype, shown",
+    [
+        (lambda: jnp.array([300, 1]), jnp.int8, "from 1 to 300"),
+        (lambda: jnp.array([-1, 1]), jnp.uint8, "from -1 to 1"),
+        (lambda: statevar.Variable(jnp.array(40000, jnp.int32)), jnp.int16, "from 40000"),
+        (lambda: np.array([300, 1]), jnp.int8, "out of range"),
+        (lambda: 40000, jnp.int16, "out of range"),
+    ],
+    ids=["device-int8", "device-uint8", "variable-int16", "host-int8", "python-int16"],
+)
+def test_dtype_at_creation_refuses_integers_out_of_range_by_name(source, dtype, shown):
+    with pytest.raises(statevar.DtypeMismatchError, match=f"Cannot create Variable 'w'.*{shown}"):
+        statevar.Variable(source(), dtype=dtype, name="w")
+
+
+@pytest.mark.parametrize(
+    "source", [lambda: jnp.array([100, -100]), lambda: np.array([100, -100]), lambda: [100, -100]]
+)
+def test_dtype_at_creation_converts_integers_in_range_exactly(source):
+    v = statevar.Variable(source(), dtype=jnp.int8)
+    assert v.dtype == jnp.int8
+    np.testing.assert_array_equal(v.numpy(), [100, -100])
+
+
+def test_dtype_at_creation_follows_the_rules_of_assign():
+    # The same value is refused at creation exactly when assign refuses it.
+    for value in (jnp.array([1.5]), jnp.array([300]), jnp.array([True])):
+        target = statevar.Variable(jnp.zeros(1, jnp.int8), name="w")
+        try:
+            target.assign(value)
+            refused_by_assign = False
+        except TypeError:
+            refused_by_assign = True
+        try:
+            statevar.Variable(value, dtype=jnp.int8, name="w")
+            refused_at_creation = False
+        except TypeError:
+            refused_at_creation = True
+        assert refused_at_creation == refused_by_assign, value
+
+
+# --------------------------------------------------------------- arrays deleted outside
+
+
+def _donated_elsewhere():
+    v = statevar.Variable(jnp.arange(4.0), name="w")
+    jax.jit(lambda x: x * 2, donate_argnums=0)(v)
+    return v
+
+
+def test_reading_a_variable_donated_outside_statevar_names_it_and_says_how_to_restore():
+    v = _donated_elsewhere()
+    for read in (lambda: v.value, lambda: v.numpy(), lambda: v + 1, lambda: float(v[0])):
+        with pytest.raises(ValueError, match=r"Variable 'w'.*donated or deleted outside.*assign"):
+            read()
+    assert "deleted outside statevar" in repr(v)
+
+
+def test_assign_restores_a_variable_deleted_outside_statevar():
+    v = _donated_elsewhere()
+    other = statevar.Variable(jnp.ones(4), name="other")
+    v.assign([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0, 3.0, 4.0])
+    assert v.dtype == jnp.float32 and v.device == other.device
+    v.assign_add(1.0)  # and updates work again, in place
+    np.testing.assert_array_equal(v.numpy(), [2.0, 3.0, 4.0, 5.0])
+    np.testing.assert_array_equal(other.numpy(), np.ones(4))
+
+
+@pytest.mark.parametrize(
+    "update",
+    [lambda v: v.assign_add(1.0), lambda v: v.assign_sub(1.0)],
+    ids=["assign_add", "assign_sub"],
+)
+def test_updates_that_need_the_lost_value_are_refused_by_name(update):
+    v = _donated_elsewhere()
+    with pytest.raises(ValueError, match=r"Cannot assign_\w+ to Variable 'w'.*assign\(new_value\)"):
+        update(v)
+    v.assign(jnp.zeros(4))
+    update(v)
+
+
+def test_a_compiled_step_reading_a_deleted_variable_names_it_and_changes_nothing():
+    v = _donated_elsewhere()
+    u = statevar.Variable(jnp.ones(4), name="u")
+
+    @statevar.jit
+    def step():
+        u.assign_add(v.value)
+
+    with pytest.raises(ValueError, match=r"'step' cannot read Variable 'w'.*outside statevar"):
+        step()
+    np.testing.assert_array_equal(u.numpy(), np.ones(4))
+    v.assign(jnp.ones(4))
+    step()
+    np.testing.assert_array_equal(u.numpy(), np.full(4, 2.0))
+
+
+# --------------------------------------------------------------- in-place operators
+
+
+@pytest.mark.parametrize(
+    "statement, hint",
+    [
+        ("v += 1", r"v.assign_add\(x\)"),
+        ("v -= 1", r"v.assign_sub\(x\)"),
+        ("v *= 2", r"v.assign\(v \* x\)"),
+        ("v /= 2", r"v.assign\(v / x\)"),
+        ("v //= 2", r"v.assign\(v // x\)"),
+        ("v %= 2", r"v.assign\(v % x\)"),
+        ("v **= 2", r"v.assign\(v \*\* x\)"),
+        ("v @= jnp.eye(2)", r"v.assign\(v @ x\)"),
+    ],
+)
+def test_in_place_operators_raise_naming_the_method_and_leave_the_variable(statement, hint):
+    v = statevar.Variable(jnp.ones((2, 2)), name="w")
+    scope = {"v": v, "jnp": jnp}
+    with pytest.raises(TypeError, match=rf"Cannot use .*= on Variable 'w'.*{hint}"):
+        exec(statement, scope)
+    assert scope["v"] is v
+    np.testing.assert_array_equal(v.numpy(), np.ones((2, 2)))
+
+
+def test_an_in_place_operator_on_a_module_attribute_keeps_the_modules_variable():
+    class Counter(statevar.Module):
+        def __init__(self):
+            self.step = statevar.Variable(0, name="step")
+
+    counter = Counter()
+    variable = counter.step
+    with pytest.raises(TypeError, match="Variable 'step'.*assign_add"):
+        counter.step += 1
+    assert counter.step is variable and int(counter.step) == 0
+
+    @statevar.jit
+    def compiled():
+        counter.step += 1
+
+    with pytest.raises(TypeError, match="Variable 'step'.*assign_add"):
+        compiled()
+    assert counter.step is variable and int(counter.step) == 0
+
+
+def test_an_in_place_operator_on_a_view_rebinds_like_an_array():
+    view = jax.tree.map(lambda x: x, statevar.Variable(jnp.ones(2)))
+    view += 1
+    np.testing.assert_array_equal(view, [2.0, 2.0])
+
+
+# --------------------------------------------------------------- numeric protocols
+
+
+def test_python_numeric_protocols_of_jax_arrays():
+    v = statevar.Variable(2.6, name="w")
+    assert round(v) == round(jnp.float32(2.6)) == 3
+    assert float(round(v, 1)) == pytest.approx(2.6)
+    quotient, remainder = divmod(v, 1.0)
+    assert float(quotient) == 2.0 and float(remainder) == pytest.approx(0.6, abs=1e-6)
+    assert float(divmod(5.0, statevar.Variable(2.0))[0]) == 2.0
+    bits = statevar.Variable(jnp.array([1, 2], jnp.int32))
+    np.testing.assert_array_equal(bits << 1, [2, 4])
+    np.testing.assert_array_equal(8 >> bits, [4, 2])
+    np.testing.assert_array_equal(1 << bits, [2, 4])
+    np.testing.assert_array_equal(bits >> 1, [0, 1])
+    assert 2 in bits and 5 not in bits
+    np.testing.assert_array_equal(np.from_dlpack(statevar.Variable([1.0, 2.0])), [1.0, 2.0])
+    assert bits.__array_namespace__() is jnp
