@@ -67,7 +67,9 @@ def test_gradients_example_prints_the_expected_gradients(capsys):
     assert "w after: [0.125, -0.25, 0.375]" in out
 
 
-def test_train_lowers_the_loss_and_saves_checkpoints(train_example, tmp_path, capsys):
+def test_train_prints_a_summary_lowers_the_loss_and_saves_checkpoints_and_a_curve(
+    train_example, tmp_path, capsys
+):
     directory = tmp_path / "checkpoints"
     run = train_example.main(
         ["--steps", "50", "--save-every", "20", "--checkpoint-dir", str(directory),
@@ -78,6 +80,13 @@ def test_train_lowers_the_loss_and_saves_checkpoints(train_example, tmp_path, ca
     out = capsys.readouterr().out
     assert "saved step 20" in out and "saved step 50" in out
     assert statevar.CheckpointManager(directory).all_steps() == [20, 40, 50]
+    # The summary comes first; the loss curve goes beside the checkpoints.
+    assert out.index("Total: 2,177 params (8.5 KiB) in 4 variables") < out.index("first loss")
+    assert "  layers/0/kernel  (32, 64)  float32  yes" in out
+    assert f"wrote the loss curve to {str(directory / 'loss.png')!r}" in out
+    image = matplotlib.image.imread(directory / "loss.png")
+    assert image.shape == (400, 600, 4)  # 6 x 4 inches at 100 dpi, RGBA
+    assert image[..., :3].std() > 0.05  # not blank
 
 
 def test_train_resumes_where_it_stopped_as_if_never_interrupted(train_example, tmp_path, capsys):
@@ -127,20 +136,6 @@ def test_train_keeps_only_its_own_last_checkpoints(train_example, tmp_path, caps
     train_example.main(["--steps", "30", "--resume", "--keep", "2", *common])
     # Steps 5 and 10 were made by the first run: the second deletes only its own (15, 20).
     assert statevar.CheckpointManager(directory).all_steps() == [5, 10, 25, 30]
-
-
-def test_train_prints_a_summary_and_writes_a_loss_curve(train_example, tmp_path, capsys):
-    directory = tmp_path / "checkpoints"
-    train_example.main(
-        ["--steps", "100", "--checkpoint-dir", str(directory), "--max-loss-ratio", "1"]
-    )
-    out = capsys.readouterr().out
-    assert out.index("Total: 2,177 params (8.5 KiB) in 4 variables") < out.index("first loss")
-    assert "  layers/0/kernel  (32, 64)  float32  yes" in out
-    assert f"wrote the loss curve to {str(directory / 'loss.png')!r}" in out
-    image = matplotlib.image.imread(directory / "loss.png")
-    assert image.shape == (400, 600, 4)  # 6 x 4 inches at 100 dpi, RGBA
-    assert image[..., :3].std() > 0.05  # not blank
 
 
 def test_train_resume_with_no_checkpoint_starts_at_step_zero(train_example, tmp_path, capsys):
