@@ -8,17 +8,20 @@ the same seed and step give the same batch. Runs in a few seconds on CPU:
 
     python examples/train.py [--steps 2000] [--save-every 500] [--checkpoint-dir checkpoints]
 
-A `statevar.CheckpointManager` saves the model, the step counter and the optimizer's state
-every ``--save-every`` steps and at the last step. ``--resume`` restores the latest
-checkpoint and trains on from its step to ``--steps``, exactly as an uninterrupted run
-would; without it, a run starts fresh and first deletes the checkpoints an earlier run left
-in ``--checkpoint-dir``:
+Prints a summary table of the model first. A `statevar.CheckpointManager` saves the
+model, the step counter and the optimizer every ``--save-every`` steps and at the last
+step, keeping this run's last ``--keep`` checkpoints; a run never deletes a checkpoint it
+did not make. ``--resume`` restores the latest checkpoint and trains on from its step to
+``--steps``, exactly as an uninterrupted run would. Without ``--resume``, a
+``--checkpoint-dir`` that already holds checkpoints stops the run (exit status 2) before
+anything is trained or deleted:
 
     python examples/train.py --steps 1000             # stops early, as a preempted job would
     python examples/train.py --steps 2000 --resume    # carries on from step 1000
 
-Prints the loss on the whole data set before and after training and fails (exit status 1)
-unless the final loss is at most ``--max-loss-ratio`` times the loss of the untrained model.
+Prints the loss on the whole data set before and after training, writes the curve of the
+training loss to ``loss.png`` beside the checkpoints, and fails (exit status 1) unless the
+final loss is at most ``--max-loss-ratio`` times the loss of the untrained model.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import pathlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -34,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import statevar
@@ -129,14 +135,18 @@ def train(
     save: Callable[[int], None],
     save_every: int,
     log_every: int = 50,
-) -> None:
+) -> list[tuple[int, float]]:
     """Runs ``train_step`` until ``step`` reaches ``num_steps``, showing a progress bar.
 
     Starts from the current value of ``step``, so a run restored at step ``n`` carries on
     from there. Calls ``save(current_step)`` every ``save_every`` steps and after the last
-    step. The loss shown is read back only every ``log_every`` steps, so that the host does
-    not wait for the device after each step.
+    step. The loss shown is read back only every ``log_every`` steps (and at the last), so
+    that the host does not wait for the device after each step.
+
+    Returns:
+      The ``(step, batch loss)`` pairs read back, for the loss curve.
     """
+    history: list[tuple[int, float]] = []
     start = int(step.value)
     columns = (
         TextColumn("[bold]training"),
@@ -151,26 +161,27 @@ def train(
         for current in range(start + 1, num_steps + 1):
             loss = train_step(x, y)
             if current % log_every == 0 or current == num_steps:
-                progress.update(task, completed=current, loss=f"{float(loss):.5f}")
+                history.append((current, float(loss)))
+                progress.update(task, completed=current, loss=f"{history[-1][1]:.5f}")
             if current % save_every == 0 or current == num_steps:
                 save(current)
+    return history
 
 
-def start_fresh(manager: statevar.CheckpointManager, shown: str) -> None:
-    """Deletes the checkpoints an earlier run left, so that they never mix with this run's.
-
-    Only complete steps are deleted: directories holding a statevar manifest, which
-    statevar wrote. The manager itself clears step directories that a killed save left.
-    """
-    steps = manager.all_steps()
-    if not steps:
-        return
-    for old in steps:
-        manager.delete(old)
-    print(
-        f"starting fresh: deleted the checkpoints of steps {steps} in {shown!r} "
-        f"(pass --resume to continue from step {steps[-1]} instead)"
-    )
+def plot_loss(history: Sequence[tuple[int, float]], path: pathlib.Path) -> None:
+    """Writes the loss curve to ``path`` as a PNG, with matplotlib's Agg backend (no window,
+    and no change to pyplot's global state)."""
+    figure = Figure(figsize=(6, 4), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.plot([s for s, _ in history], [loss for _, loss in history], marker=".")
+    axes.set_yscale("log")
+    axes.set_xlabel("step")
+    axes.set_ylabel("mini-batch loss (MSE)")
+    axes.set_title("examples/train.py")
+    axes.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
 
 
 def main(argv: Sequence[str] | None = None) -> Run:
@@ -207,30 +218,50 @@ def main(argv: Sequence[str] | None = None) -> Run:
         help="save a checkpoint every this many steps, and at the last (default 500)",
     )
     parser.add_argument(
+        "--keep",
+        type=int,
+        default=5,
+        help="how many of this run's checkpoints to keep (default 5)",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the latest checkpoint in --checkpoint-dir instead of starting fresh",
+        help="continue from the latest checkpoint in --checkpoint-dir; without it, a "
+        "--checkpoint-dir holding checkpoints stops the run",
     )
     args = parser.parse_args(argv)
     if not 0 < args.batch_size <= NUM_EXAMPLES:
         parser.error(f"--batch-size must be between 1 and {NUM_EXAMPLES}, got {args.batch_size}")
     if args.save_every < 1:
         parser.error(f"--save-every must be a positive number of steps, got {args.save_every}")
+    if args.keep < 1:
+        parser.error(f"--keep must be a positive number of checkpoints, got {args.keep}")
     if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
         parser.error(f"--checkpoint-dir {args.checkpoint_dir!r} exists and is not a directory")
+
+    # Every checkpoint there belongs to another run: never delete one this run did not make.
+    manager = statevar.CheckpointManager(args.checkpoint_dir, max_to_keep=None)
+    existing = manager.all_steps()
+    if existing and not args.resume:
+        parser.error(
+            f"--checkpoint-dir {args.checkpoint_dir!r} already holds the checkpoints of steps "
+            f"{existing}: pass --resume to continue from step {existing[-1]}, or choose "
+            "another --checkpoint-dir (delete those checkpoints yourself to start over there)"
+        )
 
     data_key, model_key = jax.random.split(jax.random.key(args.seed))
     x, y = make_dataset(data_key)
     model = MLP(model_key, [IN_FEATURES, HIDDEN, 1])
-    optimizer = statevar.Optimizer(optax.adam(args.learning_rate), model)
+    optimizer = statevar.Optimizer(optax.adam, model, learning_rate=args.learning_rate)
     step = statevar.Variable(0, trainable=False, name="step")
     train_step = make_train_step(model, optimizer, step, args.batch_size)
     evaluate = statevar.jit(lambda x, y: mean_squared_error(model, x, y))
+    model.summary()
 
-    # The step counter and the optimizer's state (variables named optimizer/0, optimizer/1,
-    # ...) are saved with the model, so that a resumed run continues exactly where it stopped.
-    state = [model, step, optimizer.state_variables]
-    manager = statevar.CheckpointManager(args.checkpoint_dir)
+    # The step counter and the optimizer (its iterations and Adam's moments, named
+    # optimizer/mu/layers/0/kernel and so on) are saved with the model, so that a resumed
+    # run continues exactly where it stopped.
+    state = {"model": model, "step": step, "optimizer": optimizer}
 
     # The untrained model's loss, the yardstick of the convergence check, is the same for a
     # resumed run: the seed fixes the initial weights.
@@ -238,22 +269,30 @@ def main(argv: Sequence[str] | None = None) -> Run:
     print(f"first loss: {first:.6f} (step {int(step.value)})")
     resumed_from = None
     if args.resume:
-        resumed_from = manager.restore(state)
-        if resumed_from is None:
+        restored = manager.restore(state)
+        if restored is None:
             print(f"no checkpoint in {args.checkpoint_dir!r} to resume from: starting at step 0")
         else:
+            resumed_from = restored.step
             loss = float(evaluate(x, y))
             print(f"resumed from step {resumed_from} in {args.checkpoint_dir!r} (loss {loss:.6f})")
-    else:
-        start_fresh(manager, args.checkpoint_dir)
     if int(step.value) >= args.steps:
         print(f"nothing to train: step {int(step.value)} already reaches --steps {args.steps}")
 
+    saved: list[int] = []  # the steps this run saved, the only ones it may delete
+
     def save(current: int) -> None:
         manager.save(current, state)
+        saved.append(current)
         print(f"saved step {current} to {args.checkpoint_dir!r}")
+        while len(saved) > args.keep:
+            manager.delete(saved.pop(0))
 
-    train(train_step, step, x, y, args.steps, save, args.save_every)
+    history = train(train_step, step, x, y, args.steps, save, args.save_every)
+    if history:
+        curve = pathlib.Path(args.checkpoint_dir) / "loss.png"
+        plot_loss(history, curve)
+        print(f"wrote the loss curve to {str(curve)!r}")
     final = float(evaluate(x, y))
     print(f"final loss: {final:.6f} (step {int(step.value)}), {final / first:.2%} of the first")
     if not final <= args.max_loss_ratio * first:

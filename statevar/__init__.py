@@ -1,6 +1,6 @@
 """statevar: mutable, TensorFlow-style variables on JAX, updated in place."""
 
-from ._checkpoint import CheckpointManager as CheckpointManager
+from ._checkpoint import RestoreResult as RestoreResult
 from ._checkpoint import restore as restore
 from ._checkpoint import save as save
 from ._errors import CheckpointCorruptedError as CheckpointCorruptedError
@@ -15,12 +15,14 @@ from ._errors import TraceContextError as TraceContextError
 from ._grad import grad as grad
 from ._grad import value_and_grad as value_and_grad
 from ._jit import jit as jit
+from ._manager import CheckpointManager as CheckpointManager
 from ._module import Module as Module
 from ._optim import Optimizer as Optimizer
 from ._placement import PlacementWarning as PlacementWarning
 from ._placement import device as device
 from ._placement import set_log_device_placement as set_log_device_placement
 from ._placement import set_soft_device_placement as set_soft_device_placement
+from ._summary import summary as summary
 from ._variable import Variable as Variable
 
 __version__ = "0.1.0"
@@ -36,6 +38,7 @@ __all__ = [
     "Optimizer",
     "PlacementError",
     "PlacementWarning",
+    "RestoreResult",
     "ShapeMismatchError",
     "StatevarError",
     "TraceContextError",
@@ -47,5 +50,6 @@ __all__ = [
     "save",
     "set_log_device_placement",
     "set_soft_device_placement",
+    "summary",
     "value_and_grad",
 ]

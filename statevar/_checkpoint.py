@@ -16,6 +16,8 @@ names to one storage key (``"a"`` and ``"a/"``); the manifest maps names to keys
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import pathlib
 import re
@@ -25,28 +27,26 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ._errors import (
     CheckpointCorruptedError,
-    CheckpointExistsError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
 )
 from ._manifest import (
     MANIFEST,
-    STEP_ITEM,
     array_sha256,
     read_manifest,
     verify_data_files,
     verify_values,
     write_manifest,
 )
-from ._module import Module
+from ._module import Module, named_targets
+from ._optim import legacy_names
 from ._variable import Variable, refuse_view
 
 if TYPE_CHECKING:
-    import orbax.checkpoint as ocp
+    pass
 
 # What a save into a plain directory may leave behind when it is killed: unreferenced data
 # directories, orbax's temporary directories for them, and temporary manifests.
@@ -61,6 +61,7 @@ _STEP_TEMPORARY = re.compile(
 )
 
 PathLike = str | os.PathLike
+logger = logging.getLogger("statevar")
 
 
 def _orbax() -> Any:
@@ -73,20 +74,28 @@ def _orbax() -> Any:
 # --------------------------------------------------------------------------- targets
 
 
-def _named_variables(target: Any) -> dict[str, Variable]:
-    """Returns the target's variables by checkpoint key: a Module's `named_variables`, a bare
-    Variable's own name. Containers add nothing to the keys."""
+def _named_variables(target: Any, legacy: bool = False) -> dict[str, Variable]:
+    """Returns the target's variables by checkpoint key (see `named_targets`): dict keys
+    namespace what they hold, lists and tuples add nothing.
+
+    With ``legacy``, the keys of checkpoints of manifest version 1: no container added
+    anything, an Optimizer's state variables were ``optimizer/0``, ``optimizer/1``, ... and
+    its ``iterations`` did not exist (it is left out).
+    """
+    if legacy:
+        found = _legacy_targets(target)
+    else:
+        found = named_targets(target, "the checkpoint target")
     named: dict[str, Variable] = {}
     where: dict[str, str] = {}
     key_of: dict[int, str] = {}
-
-    def add(key: str, variable: Variable, path: str) -> None:
+    for key, variable, path in found:
         if key in named and named[key] is not variable:
             raise ValueError(
                 f"Two variables in the checkpoint target have the name {key!r} (at "
-                f"{where[key]} and {path}); give them distinct name= values (for the state "
-                "of two Optimizers, Optimizer(..., name=...)), or hold them in a "
-                "statevar.Module, which names unnamed variables by their path"
+                f"{where[key]} and {path}); give them distinct name= values, put them under "
+                "distinct keys of a dict ({'generator': G, 'discriminator': D}), or hold "
+                "them in a statevar.Module, which names unnamed variables by their path"
             )
         if key_of.get(id(variable), key) != key:
             first = key_of[id(variable)]
@@ -95,28 +104,35 @@ def _named_variables(target: Any) -> dict[str, Variable]:
                 f"(at {where[first]}) and {key!r} (at {path}); include it once"
             )
         named[key], where[key], key_of[id(variable)] = variable, path, key
+    return named
+
+
+def _legacy_targets(target: Any) -> list[tuple[str, Variable, str]]:
+    """`named_targets` as statevar named variables in checkpoints of manifest version 1."""
+    renamed, counters = legacy_names()
+    found: list[tuple[str, Variable, str]] = []
 
     def visit(obj: Any, path: str) -> None:
         if isinstance(obj, Variable):
             refuse_view(obj, "the checkpoint target", path or "the top level")
-            add(obj.name, obj, path or "the top level")
+            if id(obj) not in counters:  # an Optimizer's iterations: not in those checkpoints
+                name = obj._name if obj._name is not None else "Variable"
+                found.append((renamed.get(id(obj), name), obj, path or "the top level"))
         elif isinstance(obj, Module):
             for key, variable in obj.named_variables().items():
-                add(key, variable, f"{path or type(obj).__name__}/{key}")
-        elif isinstance(obj, (list, tuple)):
-            for i, item in enumerate(obj):
-                visit(item, f"{path}[{i}]")
-        elif isinstance(obj, dict):
-            for key, item in obj.items():
+                found.append((key, variable, f"{path or type(obj).__name__}/{key}"))
+        elif hasattr(type(obj), "_statevar_named_variables"):
+            for key, variable in obj._statevar_named_variables()[1].items():
+                visit(variable, f"{path or type(obj).__name__}/{key}")
+        elif isinstance(obj, (list, tuple, dict)):
+            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+            for key, item in items:
                 visit(item, f"{path}[{key!r}]")
         else:
-            raise TypeError(
-                "Expected the checkpoint target to be a Variable, a Module, or a list, tuple "
-                f"or dict of them; got {type(obj).__name__} at {path or 'the top level'}"
-            )
+            named_targets(obj, "the checkpoint target")  # raises the usual TypeError
 
     visit(target, "")
-    return named
+    return found
 
 
 def _describe(shape: Any, dtype: Any) -> str:
@@ -154,9 +170,13 @@ def save(directory: PathLike, target: Any) -> None:
     """Saves the target's variables to ``directory``, atomically, replacing what is there.
 
     Variables are keyed by name: a Module's by `Module.named_variables` (explicit ``name=``,
-    else the path, such as ``"layers/0/kernel"``), a Variable given directly or in a
-    container by its own ``name``; containers add nothing. The values are read once; nothing
-    is donated or changed, and arrays read earlier stay valid.
+    else the path, such as ``"layers/0/kernel"``), an Optimizer's by their names
+    (``"optimizer/mu/layers/0/kernel"``), a Variable given directly or in a list by its own
+    ``name``. Dict keys namespace what they hold: ``{"generator": G, "discriminator": D}``
+    keys G's kernel ``"generator/kernel"``; a Variable right under a key is keyed by the
+    key, and an Optimizer's variables by the key in place of the optimizer's name. Lists
+    and tuples add nothing. The values are read once; nothing is donated or changed, and
+    arrays read earlier stay valid.
 
     Saving over a checkpoint replaces it atomically: the arrays go to a new data directory,
     one rename puts the new manifest in place of the old, then the old data is deleted. A
@@ -165,11 +185,14 @@ def save(directory: PathLike, target: Any) -> None:
 
     Args:
       directory: where to save; created if missing.
-      target: a Variable, a Module, or a (possibly nested) list, tuple or dict of them.
+      target: a Variable, a Module, an Optimizer, or a (possibly nested) list, tuple or
+        dict of them.
 
     Raises:
-      TypeError: if ``target`` holds anything but Variables, Modules and containers.
-      ValueError: if two different variables have the same name.
+      TypeError: if ``target`` holds anything but Variables, Modules, Optimizers and
+        containers.
+      ValueError: if two different variables have the same name, or an Optimizer has no
+        state yet (it was never built).
 
     Example:
       >>> import tempfile, statevar
@@ -178,7 +201,7 @@ def save(directory: PathLike, target: Any) -> None:
       >>> statevar.save(directory, w)
       >>> w.assign([0.0, 0.0])
       <Variable 'w' shape=(2,) dtype=float32, numpy=array([0., 0.], dtype=float32)>
-      >>> statevar.restore(directory, w)
+      >>> statevar.restore(directory, w).restored
       ['w']
       >>> w
       <Variable 'w' shape=(2,) dtype=float32, numpy=array([1., 2.], dtype=float32)>
@@ -292,9 +315,33 @@ def _read_manifest(checkpoint: pathlib.Path, shown: str) -> dict[str, Any]:
     return read_manifest(checkpoint, shown)
 
 
-def _restore(checkpoint: pathlib.Path, target: Any, partial: bool, shown: str) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class RestoreResult:
+    """What a restore did, by checkpoint name.
+
+    Attributes:
+      restored: the target's variables that were restored, in the target's order.
+      untouched: the target's variables left as they were because the checkpoint does not
+        have them (only with ``partial=True``).
+      unused: the checkpoint's variables that the target does not have (only with
+        ``partial=True``).
+      step: the step restored, for `CheckpointManager.restore`; else None.
+    """
+
+    restored: list[str]
+    untouched: list[str]
+    unused: list[str]
+    step: int | None = None
+
+
+def _restore(
+    checkpoint: pathlib.Path, target: Any, partial: bool, shown: str, step: int | None = None
+) -> RestoreResult:
     variables = _named_variables(target)
     manifest = _read_manifest(checkpoint, shown)
+    legacy = manifest["version"] == 1
+    if legacy:
+        variables = _named_variables(target, legacy=True)
     entries = {entry["name"]: entry for entry in manifest["variables"]}
     missing = [name for name in variables if name not in entries]
     unexpected = [name for name in entries if name not in variables]
@@ -325,6 +372,14 @@ def _restore(checkpoint: pathlib.Path, target: Any, partial: bool, shown: str) -
             if not partial and not differing and common
             else ""
         )
+        if legacy:
+            hint += (
+                "\nThis checkpoint was written by an earlier statevar (manifest version 1), "
+                "whose names did not include dict keys and numbered optimizer state "
+                "optimizer/0, optimizer/1, ...; statevar matched it by those names. To convert "
+                "it, restore what matches (partial=True, or the model without the optimizer) "
+                "and save again, which writes the current names."
+            )
         raise CheckpointMismatchError(
             f"Cannot restore from checkpoint {shown!r}: it does not match the target's "
             "variables, so no variable was changed.\n  " + "\n  ".join(problems) + hint
@@ -332,10 +387,30 @@ def _restore(checkpoint: pathlib.Path, target: Any, partial: bool, shown: str) -
     values = _read_values(checkpoint, manifest, entries, common, shown)
     for name, variable in common.items():
         variable.assign(values[name])
-    return list(common)
+    if legacy:
+        counters = legacy_names()[1]
+        missing += [
+            f"{name} (not in checkpoints of manifest version 1)"
+            for name, variable, _ in named_targets(target, "the checkpoint target")
+            if id(variable) in counters
+        ]
+    result = RestoreResult(list(common), missing, unexpected, step)
+    if missing or unexpected:
+        logger.warning(
+            "Restored %d of the target's %d variables from checkpoint %r. Left unchanged "
+            "(not in the checkpoint): %s. Not restored (not in the target): %s.",
+            len(common),
+            len(common) + len(missing),
+            shown,
+            ", ".join(missing) or "none",
+            ", ".join(unexpected) or "none",
+        )
+    else:
+        logger.info("Restored %d variables from checkpoint %r", len(common), shown)
+    return result
 
 
-def restore(directory: PathLike, target: Any, *, partial: bool = False) -> list[str]:
+def restore(directory: PathLike, target: Any, *, partial: bool = False) -> RestoreResult:
     """Loads a checkpoint into the target's variables, in place, all or nothing.
 
     Variables are matched by name, as `save` keys them. Every value is read onto its
@@ -343,15 +418,23 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> list[
     changes; then each is set with `Variable.assign`, which donates the old buffer when
     nothing else holds it (arrays read earlier stay valid). Dtypes must match: nothing is cast.
 
+    What was restored is logged on the ``"statevar"`` logger: at level INFO, or WARNING
+    when ``partial=True`` left target variables unchanged or checkpoint variables unused.
+    Checkpoints written by earlier statevar versions (manifest version 1, whose names had no
+    dict keys and numbered an Optimizer's state ``optimizer/0``, ``optimizer/1``, ...) are
+    matched by those names; save again to convert them.
+
     Args:
       directory: a directory written by `save`, or one step directory of a
         `CheckpointManager`.
-      target: a Variable, a Module, or a (possibly nested) list, tuple or dict of them.
+      target: a Variable, a Module, an Optimizer, or a (possibly nested) list, tuple or dict
+        of them.
       partial: if True, restore only the names both the checkpoint and the target have,
         leaving the target's other variables unchanged.
 
     Returns:
-      The names of the variables restored, in the target's order.
+      A `RestoreResult`: the names restored, and (with ``partial=True``) the target's
+      names left untouched and the checkpoint's names left unused.
 
     Raises:
       CheckpointNotFoundError: (a FileNotFoundError) if ``directory`` does not exist or
@@ -369,14 +452,11 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> list[
       >>> step = statevar.Variable(0, name="step")
       >>> extra = statevar.Variable(0.5, name="extra")
       >>> statevar.restore(directory, [step, extra], partial=True)
-      ['step']
+      RestoreResult(restored=['step'], untouched=['extra'], unused=[], step=None)
       >>> int(step), float(extra)
       (1, 0.5)
     """
     return _restore(pathlib.Path(directory).absolute(), target, partial, str(directory))
-
-
-# --------------------------------------------------------------------------- manager
 
 
 def _complete_steps(directory: pathlib.Path) -> list[int]:
@@ -388,177 +468,3 @@ def _complete_steps(directory: pathlib.Path) -> list[int]:
         for entry in directory.iterdir()
         if _STEP_NAME.match(entry.name) and (entry / MANIFEST).is_file()
     )
-
-
-class CheckpointManager:
-    """Keeps numbered checkpoints of a training run in one directory, built on orbax.
-
-    ``save(step, target)`` writes ``directory/<step>/`` with orbax's ``CheckpointManager``,
-    then statevar's manifest; a step counts only once its manifest exists, so an interrupted
-    save is never listed or restored. Steps are ordered by number. One process at a time
-    should save into a directory.
-
-    Args:
-      directory: where the step directories go; created by the first `save`.
-      max_to_keep: how many of the highest-numbered steps to keep (the step just saved is
-        always kept); None keeps every step.
-
-    Raises:
-      ValueError: if ``max_to_keep`` is not None or a positive int.
-
-    Example:
-      >>> import tempfile, statevar
-      >>> step = statevar.Variable(0, name="step")
-      >>> manager = statevar.CheckpointManager(tempfile.mkdtemp(), max_to_keep=2)
-      >>> print(manager.restore(step))  # nothing saved yet: start from scratch
-      None
-      >>> for i in range(1, 4):
-      ...     _ = step.assign(i)
-      ...     manager.save(i, step)
-      >>> manager.all_steps()
-      [2, 3]
-      >>> _ = step.assign(0)
-      >>> manager.restore(step), int(step)
-      (3, 3)
-    """
-
-    def __init__(self, directory: PathLike, *, max_to_keep: int | None = 5):
-        if max_to_keep is not None and (type(max_to_keep) is not int or max_to_keep < 1):
-            raise ValueError(
-                f"Expected max_to_keep to be None or a positive int, got {max_to_keep!r}"
-            )
-        self._shown = str(directory)
-        self._directory = pathlib.Path(directory).absolute()
-        self._max_to_keep = max_to_keep
-
-    @property
-    def directory(self) -> pathlib.Path:
-        """The directory holding the step directories."""
-        return self._directory
-
-    def all_steps(self) -> list[int]:
-        """Returns the steps that hold a complete checkpoint, in increasing order."""
-        return _complete_steps(self._directory)
-
-    def latest_step(self) -> int | None:
-        """Returns the highest complete step, or None if there is none."""
-        steps = self.all_steps()
-        return steps[-1] if steps else None
-
-    def _orbax_manager(self) -> ocp.CheckpointManager:
-        # A fresh orbax manager per save sees the directory as it is now. Lightweight
-        # initialization reads no step metadata, so it has nothing to warn about.
-        ocp = _orbax()
-        options = ocp.CheckpointManagerOptions(
-            create=True,
-            cleanup_tmp_directories=True,
-            enable_async_checkpointing=False,
-            lightweight_initialize=True,
-        )
-        return ocp.CheckpointManager(self._directory, options=options, item_names=(STEP_ITEM,))
-
-    def save(self, step: int, target: Any) -> None:
-        """Saves the target's variables as ``step``, then deletes steps beyond `max_to_keep`.
-
-        Keys and reads are as in `statevar.save`. What an interrupted save or deletion left
-        is cleared first: orbax's temporary directories, steps being deleted, and the
-        directory of this same step if it has no manifest. Other directories without a
-        manifest are never listed, and left alone.
-
-        Args:
-          step: the step number, a non-negative int.
-          target: a Variable, a Module, or a (possibly nested) list, tuple or dict of them.
-
-        Raises:
-          TypeError: if ``step`` is not an int, or as `statevar.save` for the target.
-          ValueError: if ``step`` is negative, or two different variables have one name.
-          CheckpointExistsError: (a FileExistsError) if ``step`` already holds a complete
-            checkpoint; steps are never overwritten.
-        """
-        if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
-            raise TypeError(f"Expected the step to be an int, got {type(step).__name__}")
-        step = int(step)
-        if step < 0:
-            raise ValueError(f"Expected the step to be non-negative, got {step}")
-        if step in self.all_steps():
-            raise CheckpointExistsError(
-                f"Cannot save step {step} to {self._shown!r}: that step already holds a "
-                "checkpoint, and steps are never overwritten; save under a new step number"
-            )
-        entries, arrays = _snapshot(_named_variables(target))
-        for entry in self._directory.iterdir() if self._directory.is_dir() else ():
-            interrupted = _STEP_TEMPORARY.match(entry.name) or (
-                entry.name == str(step) and not (entry / MANIFEST).exists()
-            )
-            if interrupted and entry.is_dir():
-                shutil.rmtree(entry)
-        ocp = _orbax()
-        manager = self._orbax_manager()
-        try:
-            manager.save(
-                step,
-                args=ocp.args.Composite(**{STEP_ITEM: ocp.args.StandardSave(arrays)}),
-                force=True,  # orbax would otherwise skip, silently, a step below its latest
-            )
-            step_directory = self._directory / str(step)
-            write_manifest(step_directory, STEP_ITEM if arrays else None, entries)
-            if self._max_to_keep is not None:
-                older = [s for s in self.all_steps() if s != step]
-                for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
-                    self.delete(old)
-        finally:
-            manager.close()
-
-    def delete(self, step: int) -> None:
-        """Deletes a complete step.
-
-        One rename takes the step out of `all_steps` at once, so a process killed while its
-        files are deleted leaves no half-deleted step; the next `save` clears the rest.
-
-        Args:
-          step: a step that `all_steps` lists.
-
-        Raises:
-          CheckpointNotFoundError: (a FileNotFoundError) if there is no such complete step.
-        """
-        if step not in self.all_steps():
-            raise CheckpointNotFoundError(
-                f"Cannot delete step {step} in {self._shown!r}: there is no complete step "
-                f"{step}; the steps there are {self.all_steps()}"
-            )
-        doomed = self._directory / f"{step}.statevar-deleted-{uuid.uuid4().hex}"
-        os.replace(self._directory / str(step), doomed)
-        shutil.rmtree(doomed)
-
-    def restore(self, target: Any, step: int | None = None, *, partial: bool = False) -> int | None:
-        """Restores ``step`` (by default the latest) into the target; see `statevar.restore`.
-
-        Args:
-          target: a Variable, a Module, or a (possibly nested) list, tuple or dict of them.
-          step: the step to restore; None restores the latest complete step.
-          partial: as in `statevar.restore`.
-
-        Returns:
-          The step restored, or None (and nothing changes) when ``step`` is None and there
-          is no checkpoint yet: ``start = 0 if restored is None else restored + 1``.
-
-        Raises:
-          CheckpointNotFoundError: (a FileNotFoundError) if ``step`` is given and holds no
-            complete checkpoint; the message lists the steps there are.
-          CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
-        """
-        steps = self.all_steps()
-        if step is None:
-            if not steps:
-                return None
-            step = steps[-1]
-        elif step not in steps:
-            raise CheckpointNotFoundError(
-                f"Checkpoint directory {self._shown!r} has no complete step {step}; the steps "
-                f"there are {steps}"
-            )
-        _restore(self._directory / str(step), target, partial, os.path.join(self._shown, str(step)))
-        return step
-
-    def __repr__(self) -> str:
-        return f"CheckpointManager({self._shown!r}, max_to_keep={self._max_to_keep})"

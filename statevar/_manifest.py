@@ -28,7 +28,9 @@ MANIFEST = "statevar_checkpoint.json"
 # The data directory of a CheckpointManager step: orbax's item name.
 STEP_ITEM = "state"
 _FORMAT = "statevar.checkpoint"
-_VERSION = 1
+_VERSION = 2
+# Version 1 named variables without dict keys and numbered optimizer state; still read.
+_READABLE_VERSIONS = (1, 2)
 _DATA_NAME = re.compile(r"^data-[0-9a-f]{32}$")
 
 
@@ -142,10 +144,11 @@ def _manifest_problem(manifest: Any) -> str | None:
     body = {key: value for key, value in manifest.items() if key != "sha256"}
     if manifest_digest(body) != manifest["sha256"]:
         return "its manifest does not match its own sha256 checksum"
-    if body.get("format") != _FORMAT or body.get("version") != _VERSION:
+    if body.get("format") != _FORMAT or body.get("version") not in _READABLE_VERSIONS:
         return (
             f"its manifest has format {body.get('format')!r} version {body.get('version')!r}; "
-            f"this statevar reads {_FORMAT!r} version {_VERSION}"
+            f"this statevar reads {_FORMAT!r} versions "
+            + " and ".join(map(str, _READABLE_VERSIONS))
         )
     data, entries, files = body.get("data"), body.get("variables"), body.get("files")
     if data is not None and not (data == STEP_ITEM or _DATA_NAME.match(str(data))):

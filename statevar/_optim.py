@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
+import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -10,65 +13,215 @@ import jax.numpy as jnp
 import optax
 
 from . import _trace
+from ._errors import TraceContextError
 from ._grad import is_differentiable
 from ._jit import jit
-from ._module import _is_variable, variable_tree
-from ._variable import Variable
+from ._module import _is_variable, named_targets, variable_tree
+from ._optimizer_state import legacy_order, state_layout, state_names, unique
+from ._variable import Variable, refuse_view
+
+# Every live Optimizer, to find the names its state variables had before they were named
+# after their parameters (see `legacy_names`).
+_optimizers: weakref.WeakSet[Optimizer] = weakref.WeakSet()
+
+_LEARNING_RATE = "learning_rate"
+
+
+def _transformation(tx: Any, hyperparameters: dict[str, Any]) -> Any:
+    """Returns ``tx``, or ``optax.inject_hyperparams(tx)(**hyperparameters)`` for a factory
+    such as ``optax.adam``."""
+    if hasattr(tx, "init") and hasattr(tx, "update"):
+        if hyperparameters:
+            raise TypeError(
+                f"Got hyperparameters {sorted(hyperparameters)} with an optax transformation "
+                "that is already built; pass them to its factory instead: "
+                "Optimizer(optax.adam, learning_rate=1e-3)"
+            )
+        return tx
+    if callable(tx) and hyperparameters:
+        built = optax.inject_hyperparams(tx)(**hyperparameters)
+        if hasattr(built, "init") and hasattr(built, "update"):
+            return built
+    raise TypeError(
+        "Expected an optax.GradientTransformation such as optax.adam(1e-3), or a factory "
+        f"such as optax.adam with its hyperparameters as keywords; got {type(tx).__name__}"
+    )
+
+
+def legacy_names() -> tuple[dict[int, str], set[int]]:
+    """Returns the names that the state variables of every live Optimizer had before state
+    variables were named after their parameters (``optimizer/0``, ``optimizer/1``, ...,
+    in the order of the optax state's leaves), by ``id`` of the variable, which checkpoints
+    written then use; and the ids of the Optimizers' `iterations`, which did not exist."""
+    names: dict[int, str] = {}
+    counters: set[int] = set()
+    for optimizer in list(_optimizers):
+        names.update(zip(map(id, optimizer._state), optimizer._legacy_names, strict=False))
+        counters.add(id(optimizer._iterations))
+    return names, counters
 
 
 class Optimizer:
-    """Applies an `optax.GradientTransformation` to variables, in place.
+    """Applies an `optax.GradientTransformation` to variables, in place, as Keras's do.
 
-    The optimizer's state (moments, step counts) lives in non-trainable Variables, so it is
-    donated and updated in place like the parameters, and saved with them. `apply` works
-    eagerly (as one compiled, donating call) and inside `statevar.jit`.
+    The optimizer's state (moments, step counts, an injected learning rate) lives in
+    non-trainable Variables named after their parameters (``optimizer/mu/layers/0/kernel``),
+    so it is donated and updated in place like the parameters, and saved with them (an
+    Optimizer is itself a checkpoint target). `apply_gradients` takes ``zip(grads,
+    variables)`` for any subset of the variables, as ``tf.keras`` optimizers do; `apply`
+    takes gradients shaped like `statevar.grad` returns them. Both work eagerly (as one
+    compiled, donating call) and inside `statevar.jit`.
+
+    Given no variables, the Optimizer is built by its first `apply_gradients` (or by
+    `build`), which must then run outside `statevar.jit`.
 
     Args:
-      tx: the optax transformation, e.g. ``optax.adam(1e-3)``.
+      tx: the optax transformation, e.g. ``optax.adam(1e-3)``; or a factory such as
+        ``optax.adam`` with its hyperparameters as keywords, which are injected with
+        ``optax.inject_hyperparams`` so that `learning_rate` can be read and set.
       variables: a Variable, a Module, or a list, tuple or dict of them; the trainable,
         floating-point ones are optimized. Gradients passed to `apply` mirror this
-        structure, as `statevar.grad` gives them for the same ``wrt``.
-      name: the prefix of the state variables' names (``"optimizer/0"``, ...); give two
-        optimizers saved in one checkpoint different names.
+        structure, as `statevar.grad` gives them for the same ``wrt``. None: build later.
+      name: the prefix of the state variables' names (``"optimizer/iterations"``, ...).
+      **hyperparameters: the factory's arguments, e.g. ``learning_rate=1e-3``.
 
     Raises:
-      TypeError: if ``tx`` is not an optax transformation, ``variables`` holds anything
-        but Variables and Modules, or ``name`` is not a str.
+      TypeError: if ``tx`` is not an optax transformation (or a factory with
+        hyperparameters), ``variables`` holds anything but Variables and Modules, or
+        ``name`` is not a str.
 
     Example:
       >>> import optax, statevar
-      >>> w = statevar.Variable([1.0, 2.0])
-      >>> opt = statevar.Optimizer(optax.sgd(0.5), w)
-      >>> opt.apply(statevar.grad(lambda: (w * w).sum(), w)())
+      >>> w = statevar.Variable([1.0, 2.0], name="w")
+      >>> opt = statevar.Optimizer(optax.sgd, learning_rate=0.5)
+      >>> opt.apply_gradients(zip([w.value], [w]))  # builds the state for w
       >>> w
-      <Variable 'Variable' shape=(2,) dtype=float32, numpy=array([0., 0.], dtype=float32)>
+      <Variable 'w' shape=(2,) dtype=float32, numpy=array([0.5, 1. ], dtype=float32)>
+      >>> opt.learning_rate = 0.25
+      >>> opt.apply_gradients([(w.value, w)])
+      >>> w.numpy(), int(opt.iterations)
+      (array([0.375, 0.75 ], dtype=float32), 2)
     """
 
     def __init__(
-        self, tx: optax.GradientTransformation, variables: Any, *, name: str = "optimizer"
+        self,
+        tx: Any,
+        variables: Any = None,
+        *,
+        name: str = "optimizer",
+        **hyperparameters: Any,
     ):
-        if not (hasattr(tx, "init") and hasattr(tx, "update")):
-            raise TypeError(
-                f"Expected an optax.GradientTransformation such as optax.adam(1e-3), got "
-                f"{type(tx).__name__}"
-            )
         if not isinstance(name, str):
             raise TypeError(f"Expected the Optimizer's name to be a str, got {type(name).__name__}")
-        self._tx = tx
-        leaves, self._treedef = jax.tree.flatten(
-            variable_tree(variables, "the Optimizer's variables"), is_leaf=_is_variable
-        )
-        self._leaves = tuple(leaves)
-        self._params = tuple(dict.fromkeys(v for v in leaves if is_differentiable(v)))
-        state = tx.init([v.value for v in self._params])
-        state_leaves, self._state_treedef = jax.tree.flatten(state)
-        self._state = tuple(
-            Variable(leaf, trainable=False, name=f"{name}/{i}")
-            for i, leaf in enumerate(state_leaves)
-        )
-        self._compiled_apply = jit(self._apply_traced)
+        self._tx = _transformation(tx, hyperparameters)
+        self._name = name
+        self._iterations = Variable(0, trainable=False, name=f"{name}/iterations")
+        self._built = False
+        self._leaves: tuple[Variable, ...] = ()
+        self._treedef: Any = None
+        self._params: tuple[Variable, ...] = ()
+        self._param_names: tuple[str, ...] = ()
+        self._state: tuple[Variable, ...] = ()
+        self._state_names: tuple[str, ...] = ()
+        self._state_owners: tuple[int | None, ...] = ()
+        self._learning_rate: tuple[Variable | None, bool] = (None, False)
+        self._legacy_names: tuple[str, ...] = ()
         # The variables `apply` has warned about getting no gradient for.
         self._warned_no_gradient: set[Variable] = set()
+        _optimizers.add(self)
+        self._compiled_apply = jit(self._apply_traced)
+        if variables is not None:
+            self.build(variables)
+
+    # ----------------------------------------------------------------- building
+
+    def build(self, variables: Any) -> None:
+        """Creates the optimizer's state for ``variables``, as Keras's ``build(var_list)``.
+
+        Args:
+          variables: a Variable, a Module, or a list, tuple or dict of them; the trainable,
+            floating-point ones are optimized, and `apply` takes gradients mirroring this.
+
+        Raises:
+          ValueError: if the Optimizer is already built.
+          TypeError: if ``variables`` holds anything but Variables and Modules.
+          TraceContextError: inside `statevar.jit` or `statevar.grad`, where no variable
+            may be created.
+        """
+        if self._built:
+            raise ValueError(
+                f"Optimizer '{self._name}' is already built, for {len(self._params)} "
+                "variables; create another Optimizer for other variables"
+            )
+        tree = variable_tree(variables, "the Optimizer's variables")
+        if _trace.innermost() is not None:
+            raise TraceContextError(
+                f"Cannot build Optimizer '{self._name}' inside statevar.jit or statevar.grad: "
+                "its state variables must be created outside. Build it before the compiled "
+                "step: Optimizer(tx, model), or optimizer.build(model.trainable_variables)"
+            )
+        leaves, self._treedef = jax.tree.flatten(tree, is_leaf=_is_variable)
+        self._leaves = tuple(leaves)
+        self._params = tuple(dict.fromkeys(v for v in leaves if is_differentiable(v)))
+        first_name: dict[Variable, str] = {}
+        for name, variable, _ in named_targets(variables, "the Optimizer's variables"):
+            first_name.setdefault(variable, name)
+        self._param_names = tuple(unique([first_name[v] for v in self._params]))
+        values = [v.value for v in self._params]
+        state = self._tx.init(dict(zip(self._param_names, values, strict=True)))
+        layout = state_layout(state, self._param_names)
+        index = {name: i for i, name in enumerate(self._param_names)}
+        self._state_owners = tuple(None if o is None else index[o] for _, o, _ in layout)
+        self._state_names = tuple(state_names(layout))
+        leaves, self._state_treedef = jax.tree.flatten(state)
+        self._state = tuple(
+            Variable(leaf, trainable=False, name=f"{self._name}/{name}")
+            for name, leaf in zip(self._state_names, leaves, strict=True)
+        )
+        self._learning_rate = self._find_learning_rate(layout)
+        order = legacy_order(self._tx, values, self._param_names)
+        self._legacy_names = tuple(f"{self._name}/{position}" for position in order or ())
+        self._built = True
+
+    def _find_learning_rate(self, layout: list) -> tuple[Variable | None, bool]:
+        """Finds the outermost injected learning rate, and whether a schedule sets it."""
+        found = [
+            (len(outer), i, outer[:-2])
+            for i, (outer, owner, _) in enumerate(layout)
+            if owner is None
+            and len(outer) >= 2
+            and outer[-2] == jax.tree_util.GetAttrKey("hyperparams")
+            and outer[-1] == jax.tree_util.DictKey(_LEARNING_RATE)
+        ]
+        if not found:
+            return None, False
+        _, i, base = min(found, key=lambda item: item[:2])
+        schedule = (*base, jax.tree_util.GetAttrKey("hyperparams_states"))
+        scheduled = any(
+            outer[: len(schedule) + 1] == (*schedule, jax.tree_util.DictKey(_LEARNING_RATE))
+            for outer, _, _ in layout
+        )
+        return self._state[i], scheduled
+
+    def _require_built(self, action: str) -> None:
+        if not self._built:
+            raise ValueError(
+                f"Cannot {action} Optimizer '{self._name}': it has no variables yet. Give "
+                "them at construction, Optimizer(tx, model), or call optimizer.build("
+                "variables); apply_gradients(zip(grads, variables)) builds it on first use"
+            )
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def name(self) -> str:
+        """The prefix of the state variables' names."""
+        return self._name
+
+    @property
+    def built(self) -> bool:
+        """Whether the state exists: variables were given, or `build` or `apply_gradients` ran."""
+        return self._built
 
     @property
     def variables(self) -> tuple[Variable, ...]:
@@ -77,11 +230,66 @@ class Optimizer:
 
     @property
     def state_variables(self) -> tuple[Variable, ...]:
-        """The non-trainable variables holding the optimizer's state."""
-        return self._state
+        """The non-trainable variables this optimizer keeps: `iterations`, then the optax
+        state, named after the parameters (``optimizer/mu/layers/0/kernel``)."""
+        return (self._iterations, *self._state)
+
+    @property
+    def iterations(self) -> Variable:
+        """How many updates were applied: a non-trainable int32 Variable, as in Keras."""
+        return self._iterations
+
+    @property
+    def learning_rate(self) -> Variable:
+        """The learning rate, a non-trainable Variable in the optimizer's state.
+
+        Set it between steps (``opt.learning_rate = 1e-4``): a compiled step reads it as a
+        variable, so it is not traced again. It exists when the transformation was built
+        with ``optax.inject_hyperparams`` (as ``Optimizer(optax.adam, learning_rate=...)``
+        does). With a schedule, it holds the rate of the latest step and cannot be set.
+
+        Raises:
+          AttributeError: if the transformation has no injected learning rate.
+          ValueError: if the Optimizer is not built yet, or (when set) if a schedule
+            gives the learning rate.
+          TypeError, ValueError: as `Variable.assign`, for a value that is not a scalar of
+            a compatible dtype.
+        """
+        self._require_built("read the learning rate of")
+        variable, _ = self._learning_rate
+        if variable is None:
+            raise AttributeError(
+                f"Optimizer '{self._name}' has no learning rate to read or set: its optax "
+                "transformation was not built with optax.inject_hyperparams. Create it as "
+                "statevar.Optimizer(optax.adam, learning_rate=1e-3), or with "
+                "optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)"
+            )
+        return variable
+
+    @learning_rate.setter
+    def learning_rate(self, value: jax.typing.ArrayLike) -> None:
+        self._require_built("set the learning rate of")
+        variable = self.learning_rate
+        if self._learning_rate[1]:
+            raise ValueError(
+                f"Cannot set the learning rate of Optimizer '{self._name}' to {value!r}: a "
+                "schedule gives it at every step. Pass a number instead of the schedule to "
+                "set it by hand"
+            )
+        variable.assign(value)
 
     def _statevar_variables(self) -> tuple[Variable, ...]:
-        return (*self._params, *self._state)
+        return (*self._params, self._iterations, *self._state)
+
+    def _statevar_named_variables(self) -> tuple[str, dict[str, Variable]]:
+        """How a checkpoint keys this optimizer: its name, and its variables by their names
+        under it (``"iterations"``, ``"mu/layers/0/kernel"``)."""
+        self._require_built("save or restore")
+        named = {"iterations": self._iterations}
+        named.update(zip(self._state_names, self._state, strict=True))
+        return self._name, named
+
+    # ----------------------------------------------------------------- updates
 
     def apply(self, grads: Any) -> None:
         """Updates the variables in place from ``grads``.
@@ -90,20 +298,34 @@ class Optimizer:
         arrays read earlier stay valid.
 
         Args:
-          grads: gradients mirroring the ``variables`` given at construction, as
-            `statevar.grad` returns them; None (a non-trainable slot, or a variable the
-            loss did not read) leaves that variable and its own optimizer state (Adam's
-            moments, for example) unchanged. The first time an optimized variable gets
-            None, a warning names it.
+          grads: gradients mirroring the ``variables`` given at construction (or to
+            `build`), as `statevar.grad` returns them. None (a non-trainable slot, or a
+            variable the loss did not read) leaves that variable and its optimizer state
+            unchanged, as Keras does for the variables it is not given; the first time an
+            optimized variable gets None, a warning names it.
 
         Raises:
-          ValueError: if ``grads`` is structured differently or a gradient's shape does not
-            match its variable's.
+          ValueError: if the Optimizer is not built, ``grads`` is structured differently,
+            or a gradient's shape does not match its variable's.
           TypeError: if a gradient is not an array.
         """
-        flat = self._check(grads)
-        missing = [v for v, g in zip(self._params, flat, strict=True) if g is None]
-        unwarned = [v for v in missing if v not in self._warned_no_gradient]
+        self._require_built("apply gradients with")
+        leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or _is_variable(x))
+        if treedef != self._treedef:
+            raise ValueError(
+                f"Expected gradients structured like the optimizer's variables, "
+                f"{self._treedef}, got {treedef}"
+            )
+        by_variable: dict[Variable, Any] = {}
+        for variable, gradient in zip(self._leaves, leaves, strict=True):
+            if gradient is not None:
+                by_variable[variable] = gradient
+        # A frozen variable (trainable=False since the build) gets None by design.
+        unwarned = [
+            v
+            for v in self._params
+            if v.trainable and v not in by_variable and v not in self._warned_no_gradient
+        ]
         if unwarned:
             self._warned_no_gradient.update(unwarned)
             warnings.warn(
@@ -113,28 +335,64 @@ class Optimizer:
                 UserWarning,
                 stacklevel=2,
             )
-        if _trace.innermost() is not None:
-            self._apply_traced(flat)
-        else:
-            self._compiled_apply(flat)
+        self._run(by_variable)
 
-    def _check(self, grads: Any) -> list[Any]:
-        leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or _is_variable(x))
-        if treedef != self._treedef:
-            raise ValueError(
-                f"Expected gradients structured like the optimizer's variables, "
-                f"{self._treedef}, got {treedef}"
-            )
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Variable]]) -> None:
+        """Updates variables in place from ``(gradient, variable)`` pairs, as in Keras.
+
+        Takes ``zip(grads, variables)`` for any subset of the variables the Optimizer was
+        built for; the others, and those whose gradient is None, keep their values and their
+        optimizer state. An Optimizer created without variables is built, on the first call,
+        for the variables given. Donates the buffers as `apply` does.
+
+        Args:
+          grads_and_vars: an iterable of ``(gradient, variable)`` pairs.
+
+        Raises:
+          TypeError: if an item is not a ``(gradient, Variable)`` pair, or a gradient is not
+            an array.
+          ValueError: if a variable appears twice, is not one the optimizer updates, or a
+            gradient's shape does not match its variable's.
+          TraceContextError: if the first call, which builds the Optimizer, runs inside
+            `statevar.jit`.
+        """
+        pairs = list(grads_and_vars)
+        for i, pair in enumerate(pairs):
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise TypeError(
+                    f"Expected (gradient, variable) pairs, as zip(grads, variables) gives; got "
+                    f"{type(pair).__name__} at position {i}"
+                )
+            if not isinstance(pair[1], Variable):
+                raise TypeError(
+                    f"Expected (gradient, variable) pairs, as zip(grads, variables) gives; got "
+                    f"a {type(pair[1]).__name__} in place of the variable at position {i}"
+                )
+            refuse_view(pair[1], "apply_gradients' pairs", f"position {i}")
+        if not self._built:
+            self.build([variable for _, variable in pairs])
         by_variable: dict[Variable, Any] = {}
+        for gradient, variable in pairs:
+            if variable in by_variable:
+                raise ValueError(
+                    f"Variable '{variable.name}' appears twice in apply_gradients' pairs; "
+                    "give each variable once, with the sum of its gradients"
+                )
+            if gradient is not None:
+                by_variable[variable] = gradient
+        self._run(by_variable)
+
+    def _run(self, by_variable: dict[Variable, Any]) -> None:
+        """Checks every gradient, then applies them: nothing changes if one is refused."""
         params = set(self._params)
-        for variable, gradient in zip(self._leaves, leaves, strict=True):
-            if gradient is None:
-                continue
+        for variable, gradient in by_variable.items():
             if variable not in params:
                 raise ValueError(
-                    f"Got a gradient for Variable '{variable.name}', which this optimizer does "
-                    "not update: it was not trainable (or not floating-point) when the "
-                    "Optimizer was created. Create the Optimizer after setting trainable=True."
+                    f"Got a gradient for Variable '{variable.name}', which Optimizer "
+                    f"'{self._name}' does not update: it was not among the variables the "
+                    "Optimizer was built for, or was not trainable (or not floating-point) "
+                    "then. Set trainable=True before building the Optimizer, or create "
+                    "another Optimizer for it."
                 )
             if not hasattr(gradient, "shape"):
                 raise TypeError(
@@ -146,39 +404,43 @@ class Optimizer:
                     f"Gradient for Variable '{variable.name}' has shape {tuple(gradient.shape)}, "
                     f"expected the variable's shape {variable.shape}"
                 )
-            by_variable[variable] = gradient
-        return [by_variable.get(v) for v in self._params]
+        if not by_variable:
+            return  # nothing to update: not even a step to count
+        flat = [by_variable.get(v) for v in self._params]
+        if _trace.innermost() is not None:
+            self._apply_traced(flat)
+        else:
+            self._compiled_apply(flat)
 
     def _apply_traced(self, grads: list[Any]) -> None:
-        params = [v.value for v in self._params]
+        names = self._param_names
+        params = {name: v.value for name, v in zip(names, self._params, strict=True)}
         state = self._state_treedef.unflatten([s.value for s in self._state])
-        filled = [jnp.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+        filled = {
+            name: jnp.zeros_like(params[name]) if g is None else g
+            for name, g in zip(names, grads, strict=True)
+        }
         updates, new_state = self._tx.update(filled, state, params)
-        missing = {i for i, g in enumerate(grads) if g is None}
-        if missing:
-            new_state = _keep_state_of(missing, len(params), state, new_state)
         new_params = optax.apply_updates(params, updates)
-        for variable, gradient, new in zip(self._params, grads, new_params, strict=True):
+        for variable, name, gradient in zip(self._params, names, grads, strict=True):
             if gradient is not None:
+                variable.assign(new_params[name])
+        new_leaves = jax.tree.leaves(new_state)
+        for variable, owner, new in zip(self._state, self._state_owners, new_leaves, strict=True):
+            # A variable given no gradient keeps its own state (Adam's moments, say).
+            if owner is None or grads[owner] is not None:
                 variable.assign(new)
-        for variable, new in zip(self._state, jax.tree.leaves(new_state), strict=True):
-            variable.assign(new)
+        self._iterations.assign_add(1)
 
+    def __deepcopy__(self, memo: dict) -> Optimizer:
+        duplicate = object.__new__(type(self))
+        memo[id(self)] = duplicate
+        for key, value in vars(self).items():
+            setattr(duplicate, key, copy.deepcopy(value, memo))
+        _optimizers.add(duplicate)
+        return duplicate
 
-def _keep_state_of(indices: set[int], count: int, old: Any, new: Any) -> Any:
-    """Returns ``new`` with the old per-parameter state of the parameters at ``indices``.
-
-    Optax keeps per-parameter state (Adam's moments) in trees shaped like the parameters,
-    here a list of ``count`` arrays; shared state (a step count) is taken from ``new``.
-    """
-
-    def is_per_parameter(x: Any) -> bool:
-        return isinstance(x, list) and len(x) == count
-
-    def select(old: Any, new: Any) -> Any:
-        if is_per_parameter(old):
-            pairs = enumerate(zip(old, new, strict=True))
-            return [kept if i in indices else updated for i, (kept, updated) in pairs]
-        return new
-
-    return jax.tree.map(select, old, new, is_leaf=is_per_parameter)
+    def __repr__(self) -> str:
+        built = f"{len(self._params)} variables" if self._built else "not built"
+        count = len(self.state_variables)
+        return f"<statevar.Optimizer {self._name!r}: {built}, {count} state variables>"

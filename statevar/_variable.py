@@ -60,8 +60,9 @@ class Variable:
       initial_value: anything ``jnp.asarray`` accepts, or another Variable. It is always
         copied: the variable never shares memory with it.
       trainable: whether `statevar.grad` differentiates with respect to this variable.
-      name: a name for messages, summaries and checkpoints; defaults to ``"Variable"``
-        (a `statevar.Module` gives unnamed variables their path in the module tree).
+      name: a name for messages, summaries and checkpoints. Without one, a variable held
+        by a `statevar.Module` is known by its path in the module tree (``"layers/0/kernel"``),
+        any other by ``"Variable"``.
       dtype: the dtype; inferred as JAX infers it when omitted (``1`` gives int32, ``1.0``
         float32).
       device: ``"cpu:0"``, ``"gpu:0"`` or a `jax.Device`; defaults to the innermost
@@ -80,6 +81,8 @@ class Variable:
     """
 
     __array_priority__ = 100
+    # The path of an unnamed variable in the Module that holds it, set by `statevar.Module`.
+    _path: str | None = None
 
     def __init__(
         self,
@@ -146,8 +149,12 @@ class Variable:
 
     @property
     def name(self) -> str:
-        """The name given at creation, or ``"Variable"``."""
-        return self._name if self._name is not None else "Variable"
+        """The name given at creation; else the variable's path in the `statevar.Module`
+        holding it (from the outermost Module, as in ``"layers/0/kernel"``); else
+        ``"Variable"``."""
+        if self._name is not None:
+            return self._name
+        return self._path if self._path is not None else "Variable"
 
     @property
     def trainable(self) -> bool:
@@ -482,9 +489,11 @@ class Variable:
         return self._read().__dlpack_device__()
 
     def __deepcopy__(self, memo: dict) -> Variable:
-        return Variable(
+        copied = Variable(
             self._read(), trainable=self._trainable, name=self._name, device=self.device
         )
+        copied._path = self._path
+        return copied
 
     # Pytree: a Variable flattens to its value, so plain jax.jit, jax.tree and jnp
     # functions accept it. What they unflatten is a read-only view of the value they hold

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import statevar
-from statevar import _checkpoint, _manifest
+from statevar import _checkpoint, _manager, _manifest
 
 MANIFEST = "statevar_checkpoint.json"
 
@@ -77,7 +77,7 @@ def test_save_restore_round_trip_of_a_module(tmp_path):
     statevar.save(tmp_path / "ckpt", model)
 
     other = Model(scale=5.0)
-    restored = statevar.restore(tmp_path / "ckpt", other)
+    restored = statevar.restore(tmp_path / "ckpt", other).restored
 
     assert restored == [
         "layers/0/kernel",
@@ -139,7 +139,7 @@ def test_restore_places_each_value_on_its_variables_device(tmp_path):
 def test_keys_are_module_paths_explicit_names_and_own_names(tmp_path):
     model = Model()
     loose = statevar.Variable(1.0, name="ema/decay")
-    statevar.save(tmp_path, {"model": model, "extras": [loose]})
+    statevar.save(tmp_path, [model, (loose,)])
 
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     names = [entry["name"] for entry in manifest["variables"]]
@@ -151,8 +151,30 @@ def test_keys_are_module_paths_explicit_names_and_own_names(tmp_path):
         "step",
         "ema/decay",
     ]
-    # The same names restore into differently nested targets.
-    assert statevar.restore(tmp_path, [Model(), statevar.Variable(0.0, name="ema/decay")]) == names
+    # Lists and tuples add nothing: the same names restore into differently nested targets.
+    target = [[Model()], statevar.Variable(0.0, name="ema/decay")]
+    assert statevar.restore(tmp_path, target).restored == names
+
+
+def test_dict_keys_namespace_what_they_hold(tmp_path):
+    generator, discriminator = Model(), Model(scale=2.0)
+    loose = statevar.Variable(1.0, name="decay")
+    target = {"generator": generator, "discriminator": discriminator, "ema": {"decay": loose}}
+    statevar.save(tmp_path, target)
+
+    names = [entry["name"] for entry in json.loads((tmp_path / MANIFEST).read_text())["variables"]]
+    assert names[:2] == ["generator/layers/0/kernel", "generator/layers/0/bias"]
+    assert names[5:7] == ["discriminator/layers/0/kernel", "discriminator/layers/0/bias"]
+    assert names[-1] == "ema/decay"  # a Variable right under a key is named by the key
+    fresh = {
+        "generator": Model(scale=0.0),
+        "discriminator": Model(scale=0.0),
+        "ema": {"decay": statevar.Variable(0.0)},
+    }
+    statevar.restore(tmp_path, fresh)
+    assert_values(fresh["discriminator"], values(discriminator))
+    assert_values(fresh["generator"], values(generator))
+    assert float(fresh["ema"]["decay"]) == 1.0
 
 
 def test_two_variables_with_one_name_raise(tmp_path):
@@ -165,13 +187,14 @@ def test_two_variables_with_one_name_raise(tmp_path):
 
 def test_the_same_variable_twice_is_one_variable(tmp_path):
     w = statevar.Variable([1.0], name="w")
-    statevar.save(tmp_path, [w, {"again": w}])
-    assert statevar.restore(tmp_path, w) == ["w"]
+    statevar.save(tmp_path, [w, (w,)])
+    assert statevar.restore(tmp_path, w).restored == ["w"]
 
 
 def test_a_target_of_the_wrong_type_raises(tmp_path):
     with pytest.raises(
-        TypeError, match=r"Variable, a Module, or a list, tuple or dict .* got str at \[1\]"
+        TypeError,
+        match=r"Variable, a Module, an Optimizer, or a list, tuple or dict .* got str at \[1\]",
     ):
         statevar.save(tmp_path, [statevar.Variable(1.0), "oops"])
 
@@ -227,7 +250,7 @@ def test_a_checkpoint_of_only_zero_size_variables_needs_no_orbax_data(tmp_path):
     empty = statevar.Variable(np.zeros((0, 4), np.float32), name="empty")
     statevar.save(tmp_path, empty)
     assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST]
-    assert statevar.restore(tmp_path, empty) == ["empty"]
+    assert statevar.restore(tmp_path, empty).restored == ["empty"]
 
 
 # --------------------------------------------------------------------------- not found
@@ -255,7 +278,7 @@ def test_restoring_a_manager_directory_points_to_the_manager(tmp_path):
     statevar.CheckpointManager(tmp_path).save(4, w)
     with pytest.raises(statevar.CheckpointNotFoundError, match=r"CheckpointManager\(.*\)\.restore"):
         statevar.restore(tmp_path, w)
-    assert statevar.restore(tmp_path / "4", w) == ["w"]
+    assert statevar.restore(tmp_path / "4", w).restored == ["w"]
 
 
 # --------------------------------------------------------------------------- mismatch
@@ -304,13 +327,33 @@ def test_a_name_on_one_side_only_raises_and_suggests_partial(tmp_path, extra):
     assert [float(v) for v in target] == [0.0, 0.0]
 
 
-def test_partial_restores_only_the_names_both_have(tmp_path):
+def test_partial_restores_only_the_names_both_have_and_reports_the_rest(tmp_path, caplog):
     statevar.save(tmp_path, [statevar.Variable(1.0, name="a"), statevar.Variable(2.0, name="old")])
     a, new = statevar.Variable(0.0, name="a"), statevar.Variable(9.0, name="new")
 
-    assert statevar.restore(tmp_path, [a, new], partial=True) == ["a"]
+    with caplog.at_level(logging.INFO, logger="statevar"):
+        result = statevar.restore(tmp_path, [a, new], partial=True)
 
+    assert result == statevar.RestoreResult(restored=["a"], untouched=["new"], unused=["old"])
     assert (float(a), float(new)) == (1.0, 9.0)
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"Restored 1 of the target's 2 variables from checkpoint {str(tmp_path)!r}. Left "
+        "unchanged (not in the checkpoint): new. Not restored (not in the target): old."
+    )
+
+
+def test_a_full_restore_reports_every_name_and_logs_at_info(tmp_path, caplog):
+    model = Model()
+    statevar.save(tmp_path, model)
+    with caplog.at_level(logging.INFO, logger="statevar"):
+        result = statevar.restore(tmp_path, Model(), partial=True)
+    assert result.restored == list(model.named_variables())
+    assert (result.untouched, result.unused, result.step) == ([], [], None)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, f"Restored 5 variables from checkpoint {str(tmp_path)!r}")
+    ]
 
 
 def test_partial_still_refuses_a_shape_mismatch(tmp_path):
@@ -436,8 +479,8 @@ def test_a_damaged_manifest_is_detected(tmp_path, damage, message):
     ("edit", "message"),
     [
         (
-            lambda m: m.update(version=2),
-            "version 2; this statevar reads 'statevar.checkpoint' version 1",
+            lambda m: m.update(version=3),
+            "version 3; this statevar reads 'statevar.checkpoint' versions 1 and 2",
         ),
         (lambda m: m.update(data="../elsewhere"), "invalid data directory '../elsewhere'"),
         (lambda m: m.update(data=None), "stored data but no data directory"),
@@ -461,7 +504,7 @@ def test_a_manifest_that_is_consistent_but_invalid_is_refused(tmp_path, edit, me
 def test_manager_keeps_the_last_steps_and_resumes_from_the_latest(tmp_path):
     model = Model()
     manager = statevar.CheckpointManager(tmp_path / "run", max_to_keep=3)
-    assert manager.restore(model) is None  # nothing to resume yet
+    assert manager.restore(model) is None  # nothing to resume yet (and a warning says so)
     assert not (tmp_path / "run").exists()
     for step in range(1, 6):
         model.step.assign(step)
@@ -470,9 +513,9 @@ def test_manager_keeps_the_last_steps_and_resumes_from_the_latest(tmp_path):
     assert manager.all_steps() == [3, 4, 5]
     assert manager.latest_step() == 5
     resumed = Model()
-    assert manager.restore(resumed) == 5
+    assert manager.restore(resumed).step == 5
     assert int(resumed.step) == 5
-    assert manager.restore(resumed, step=3) == 3
+    assert manager.restore(resumed, step=3).step == 3
     assert int(resumed.step) == 3
     assert repr(manager) == f"CheckpointManager({str(tmp_path / 'run')!r}, max_to_keep=3)"
 
@@ -584,6 +627,7 @@ def test_a_save_that_dies_before_its_manifest_leaves_the_previous_checkpoint(
 
     if where == "manifest":
         monkeypatch.setattr(_checkpoint, "write_manifest", die)
+        monkeypatch.setattr(_manager, "write_manifest", die)
     else:
         monkeypatch.setattr(os, "replace", die)
     for save in (lambda: statevar.save(tmp_path / "plain", w), lambda: manager.save(2, w)):
@@ -599,8 +643,6 @@ def test_a_save_that_dies_before_its_manifest_leaves_the_previous_checkpoint(
 
 
 def test_a_manager_killed_while_deleting_an_old_step_never_lists_it(tmp_path, monkeypatch):
-    from statevar import _checkpoint
-
     w = statevar.Variable([1.0], name="w")
     manager = statevar.CheckpointManager(tmp_path, max_to_keep=1)
     manager.save(1, w)
@@ -608,7 +650,7 @@ def test_a_manager_killed_while_deleting_an_old_step_never_lists_it(tmp_path, mo
     def die(path, *args, **kwargs):
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(_checkpoint.shutil, "rmtree", die)
+    monkeypatch.setattr(_manager.shutil, "rmtree", die)
     with pytest.raises(KeyboardInterrupt):
         manager.save(2, w)
     monkeypatch.undo()
@@ -756,7 +798,7 @@ def test_one_variable_under_two_names_is_refused(tmp_path):
         ValueError, match=r"One variable appears in the checkpoint target under two names, 'k'"
     ):
         statevar.save(
-            tmp_path / "c", [holder, {"again": statevar.Variable([2.0], name="x"), "k": holder.k}]
+            tmp_path / "c", [holder, {"again": statevar.Variable([2.0], name="x"), "w": holder.k}]
         )
     assert not (tmp_path / "c").exists()
 
@@ -765,3 +807,31 @@ def test_restoring_from_a_file_says_it_is_not_a_directory(tmp_path):
     (tmp_path / "file").write_text("not a checkpoint")
     with pytest.raises(FileNotFoundError, match="is a file, not a checkpoint directory"):
         statevar.restore(tmp_path / "file", statevar.Variable(1.0))
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["missing", "empty"])
+def test_resuming_with_no_checkpoint_logs_a_warning_naming_the_directory(tmp_path, caplog, exists):
+    directory = tmp_path / "typo"
+    if exists:
+        directory.mkdir()
+    w = statevar.Variable([1.0], name="w")
+    with caplog.at_level(logging.INFO, logger="statevar"):
+        assert statevar.CheckpointManager(directory).restore(w) is None
+    reason = "holds no complete step" if exists else "does not exist"
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.WARNING,
+            f"No checkpoint to restore: directory {str(directory)!r} ({directory}) {reason}; "
+            "nothing was restored",
+        )
+    ]
+    assert float(w[0]) == 1.0
+
+
+def test_a_manager_restore_reports_the_step_and_names(tmp_path):
+    model = Model()
+    manager = statevar.CheckpointManager(tmp_path)
+    manager.save(4, model)
+    bigger = [Model(), statevar.Variable(0.0, name="extra")]
+    result = manager.restore(bigger, partial=True)
+    assert result == statevar.RestoreResult(list(model.named_variables()), ["extra"], [], step=4)

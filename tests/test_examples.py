@@ -7,6 +7,7 @@ import logging
 import pathlib
 
 import jax
+import matplotlib.image
 import numpy as np
 import pytest
 
@@ -66,7 +67,9 @@ def test_gradients_example_prints_the_expected_gradients(capsys):
     assert "w after: [0.125, -0.25, 0.375]" in out
 
 
-def test_train_lowers_the_loss_and_saves_checkpoints(train_example, tmp_path, capsys):
+def test_train_prints_a_summary_lowers_the_loss_and_saves_checkpoints_and_a_curve(
+    train_example, tmp_path, capsys
+):
     directory = tmp_path / "checkpoints"
     run = train_example.main(
         ["--steps", "50", "--save-every", "20", "--checkpoint-dir", str(directory),
@@ -77,6 +80,13 @@ def test_train_lowers_the_loss_and_saves_checkpoints(train_example, tmp_path, ca
     out = capsys.readouterr().out
     assert "saved step 20" in out and "saved step 50" in out
     assert statevar.CheckpointManager(directory).all_steps() == [20, 40, 50]
+    # The summary comes first; the loss curve goes beside the checkpoints.
+    assert out.index("Total: 2,177 params (8.5 KiB) in 4 variables") < out.index("first loss")
+    assert "  layers/0/kernel  (32, 64)  float32  yes" in out
+    assert f"wrote the loss curve to {str(directory / 'loss.png')!r}" in out
+    image = matplotlib.image.imread(directory / "loss.png")
+    assert image.shape == (400, 600, 4)  # 6 x 4 inches at 100 dpi, RGBA
+    assert image[..., :3].std() > 0.05  # not blank
 
 
 def test_train_resumes_where_it_stopped_as_if_never_interrupted(train_example, tmp_path, capsys):
@@ -103,20 +113,29 @@ def test_train_resumes_where_it_stopped_as_if_never_interrupted(train_example, t
     assert resumed.final == whole.final
 
 
-def test_train_without_resume_deletes_old_checkpoints_and_says_so(train_example, tmp_path, capsys):
+def test_train_without_resume_refuses_a_directory_with_checkpoints(train_example, tmp_path, capsys):
     directory = str(tmp_path / "checkpoints")
     common = ["--checkpoint-dir", directory, "--max-loss-ratio", "1"]
     train_example.main(["--steps", "20", "--save-every", "10", *common])
     capsys.readouterr()
 
-    run = train_example.main(["--steps", "5", *common])
-    out = capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        train_example.main(["--steps", "5", *common])
+    assert exit_info.value.code == 2
     assert (
-        f"starting fresh: deleted the checkpoints of steps [10, 20] in {directory!r} "
-        "(pass --resume to continue from step 20 instead)"
-    ) in out
-    assert run.resumed_from is None and run.step == 5
-    assert statevar.CheckpointManager(directory).all_steps() == [5]
+        f"--checkpoint-dir {directory!r} already holds the checkpoints of steps [10, 20]: pass "
+        "--resume to continue from step 20"
+    ) in capsys.readouterr().err
+    assert statevar.CheckpointManager(directory).all_steps() == [10, 20]
+
+
+def test_train_keeps_only_its_own_last_checkpoints(train_example, tmp_path, capsys):
+    directory = str(tmp_path / "checkpoints")
+    common = ["--checkpoint-dir", directory, "--max-loss-ratio", "1", "--save-every", "5"]
+    train_example.main(["--steps", "10", *common])
+    train_example.main(["--steps", "30", "--resume", "--keep", "2", *common])
+    # Steps 5 and 10 were made by the first run: the second deletes only its own (15, 20).
+    assert statevar.CheckpointManager(directory).all_steps() == [5, 10, 25, 30]
 
 
 def test_train_resume_with_no_checkpoint_starts_at_step_zero(train_example, tmp_path, capsys):
@@ -142,6 +161,7 @@ def test_train_fails_when_the_loss_does_not_fall_enough(train_example, tmp_path,
     [
         (["--save-every", "0"], "--save-every must be a positive number of steps, got 0"),
         (["--batch-size", "0"], "--batch-size must be between 1 and 4096, got 0"),
+        (["--keep", "0"], "--keep must be a positive number of checkpoints, got 0"),
     ],
 )
 def test_train_rejects_invalid_arguments(train_example, tmp_path, capsys, arguments, message):

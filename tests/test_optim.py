@@ -1,6 +1,8 @@
 """statevar.Optimizer: optax transformations applied in place."""
 
 import copy
+import json
+import logging
 
 import chex
 import jax
@@ -81,7 +83,7 @@ def test_an_unread_variable_and_its_optimizer_state_are_untouched_with_one_warni
     unused = statevar.Variable([3.0, 4.0], name="unused")
     opt = statevar.Optimizer(optax.adam(0.1), [used, unused])
     opt.apply([jnp.ones(2), jnp.ones(2)])  # gives the unused variable's moments a value
-    moments_before = [v.value for v in opt.state_variables]
+    before = {v.name: v.value for v in opt.state_variables}
     unused_before = unused.value
     step = transform(
         lambda: opt.apply(statevar.grad(lambda: jnp.sum(used * used), [used, unused])())
@@ -93,11 +95,12 @@ def test_an_unread_variable_and_its_optimizer_state_are_untouched_with_one_warni
     assert len(caught) == 1
     assert statevar.grad(lambda: jnp.sum(used * used), [used, unused])()[1] is None
     chex.assert_trees_all_equal(unused.value, unused_before)
-    # Adam's state: the step count, then the moments of each variable.
-    count, mu_used, mu_unused, nu_used, nu_unused = (v.value for v in opt.state_variables)
-    chex.assert_trees_all_equal((mu_unused, nu_unused), (moments_before[2], moments_before[4]))
-    assert int(count) == 3
-    assert not np.array_equal(mu_used, moments_before[1])
+    # Adam's state: the shared step count, and the moments of each variable.
+    after = {v.name: v.value for v in opt.state_variables}
+    for moment in ("optimizer/mu/unused", "optimizer/nu/unused"):
+        chex.assert_trees_all_equal(after[moment], before[moment])
+    assert int(after["optimizer/count"]) == 3
+    assert not np.array_equal(after["optimizer/mu/used"], before["optimizer/mu/used"])
 
 
 def test_gradients_must_mirror_the_variables():
@@ -143,7 +146,11 @@ def test_two_named_optimizers_save_and_restore_in_one_checkpoint(tmp_path):
     second.apply(jnp.ones(1))
     statevar.restore(tmp_path / "both", target)
 
-    assert [v.name for v in first.state_variables][:2] == ["first/0", "first/1"]
+    assert [v.name for v in first.state_variables][:3] == [
+        "first/iterations",
+        "first/count",
+        "first/mu/a",
+    ]
     chex.assert_trees_all_close([v.numpy() for v in variables], saved)
 
 
@@ -153,7 +160,8 @@ def test_two_unnamed_optimizers_in_one_checkpoint_are_refused_with_the_fix(tmp_p
     second = statevar.Optimizer(optax.adam(0.1), b)
 
     with pytest.raises(
-        ValueError, match=r"Two variables .* name 'optimizer/0'.*Optimizer\(\.\.\., name=\.\.\.\)"
+        ValueError,
+        match=r"Two variables .* name 'optimizer/iterations'.*distinct keys of a dict",
     ):
         statevar.save(tmp_path / "both", [a, b, first.state_variables, second.state_variables])
 
@@ -195,7 +203,375 @@ def test_a_gradient_for_a_variable_unfrozen_after_creation_is_refused():
     grads = statevar.grad(lambda: w * frozen, [w, frozen])()
     with pytest.raises(
         ValueError,
-        match="Got a gradient for Variable 'frozen', which this optimizer does not update",
+        match="Got a gradient for Variable 'frozen', which Optimizer 'optimizer' does not update",
     ):
         opt.apply(grads)
     assert (float(w), float(frozen)) == (1.0, 1.0)
+
+
+# --------------------------------------------------------------------------- names
+
+
+def test_state_variables_are_named_after_their_parameters():
+    model = Linear()
+    opt = statevar.Optimizer(optax.adam(0.1), model)
+    assert [v.name for v in opt.state_variables] == [
+        "optimizer/iterations",
+        "optimizer/count",
+        "optimizer/mu/bias",
+        "optimizer/mu/kernel",
+        "optimizer/nu/bias",
+        "optimizer/nu/kernel",
+    ]
+    assert [v.name for v in opt.variables] == ["bias", "kernel"]
+
+
+def test_wrapped_and_chained_states_keep_readable_unique_names():
+    model = Linear()
+    chained = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9))
+    names = [v.name for v in statevar.Optimizer(chained, model, name="o").state_variables]
+    assert names == ["o/iterations", "o/trace/bias", "o/trace/kernel"]
+
+    injected = statevar.Optimizer(optax.adam, model, learning_rate=0.1, name="o")
+    names = [v.name for v in injected.state_variables]
+    # Two counts (the injector's and Adam's): each keeps its whole path.
+    assert names[:3] == ["o/iterations", "o/count", "o/b1"]
+    assert "o/inner_state/0/count" in names and "o/learning_rate" in names
+    assert "o/mu/kernel" in names
+
+    accumulated = statevar.Optimizer(optax.MultiSteps(optax.sgd(0.1), 2), model, name="o")
+    names = [v.name for v in accumulated.state_variables]
+    assert names == ["o/iterations", "o/mini_step", "o/gradient_step", "o/acc_grads/bias",
+                     "o/acc_grads/kernel"]  # fmt: skip
+
+
+def test_unnamed_variables_in_a_list_get_unique_names():
+    a, b = statevar.Variable(1.0), statevar.Variable(2.0)
+    opt = statevar.Optimizer(optax.sgd(0.1, momentum=0.9), [a, b])
+    assert [v.name for v in opt.state_variables] == [
+        "optimizer/iterations",
+        "optimizer/trace/Variable",
+        "optimizer/trace/Variable_1",
+    ]
+
+
+def test_adamw_masks_see_the_parameters_by_name():
+    model = Linear()
+    decay_kernels_only = optax.adamw(
+        0.1, weight_decay=0.5, mask=lambda params: {name: name != "bias" for name in params}
+    )
+    opt = statevar.Optimizer(decay_kernels_only, model)
+    zeros = {"kernel": jnp.zeros((2, 2)), "bias": jnp.zeros(2), "steps": None}
+    opt.apply(zeros)
+    chex.assert_trees_all_close(model.bias.value, jnp.array([0.1, -0.1]))  # not decayed
+    chex.assert_trees_all_close(model.kernel.value, 0.95 * jnp.array([[1.0, -2.0], [0.5, 3.0]]))
+
+
+# --------------------------------------------------------------------------- apply_gradients
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["jit", "eager"])
+def test_apply_gradients_builds_lazily_and_matches_pure_optax(compiled):
+    model = Linear()
+    opt = statevar.Optimizer(optax.adam(0.1))
+    assert not opt.built and opt.state_variables == (opt.iterations,)
+
+    def step(x):
+        grads = statevar.grad(lambda: jnp.sum(model(x) ** 2), model.trainable_variables)()
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    step(X)  # eagerly: the first call builds the state
+    assert opt.built and opt.variables == (model.kernel, model.bias)
+    step = statevar.jit(step) if compiled else step
+    step(X)
+    step(X)
+    expected = _pure_adam(3)
+    chex.assert_trees_all_close(
+        {"bias": model.bias.value, "kernel": model.kernel.value}, expected, rtol=1e-5
+    )
+    assert int(opt.iterations) == 3
+
+
+def test_a_subset_keeps_the_other_variables_and_their_state():
+    a, b = statevar.Variable([1.0], name="a"), statevar.Variable([2.0], name="b")
+    opt = statevar.Optimizer(optax.adam(0.1), [a, b])
+    opt.apply_gradients([(jnp.ones(1), a), (jnp.ones(1), b)])
+    state = {v.name: v.numpy() for v in opt.state_variables}
+    before_b = b.numpy()
+
+    opt.apply_gradients([(jnp.ones(1), a)])
+
+    after = {v.name: v.numpy() for v in opt.state_variables}
+    assert float(b[0]) == float(before_b[0])
+    for name in ("optimizer/mu/b", "optimizer/nu/b"):
+        chex.assert_trees_all_equal(after[name], state[name])
+    assert not (after["optimizer/mu/a"] == state["optimizer/mu/a"]).all()
+    assert int(opt.iterations) == 2 and int(after["optimizer/count"]) == 2
+
+
+def test_a_none_gradient_in_apply_keeps_the_variables_state():
+    a, b = statevar.Variable([1.0], name="a"), statevar.Variable([2.0], name="b")
+    opt = statevar.Optimizer(optax.sgd(0.1, momentum=0.9), [a, b])
+    opt.apply([jnp.ones(1), jnp.ones(1)])
+    with pytest.warns(UserWarning, match="no gradient for 'b'"):
+        opt.apply([jnp.ones(1), None])
+    trace = {v.name: float(v[0]) for v in opt.state_variables if "trace" in v.name}
+    assert trace == {"optimizer/trace/a": pytest.approx(1.9), "optimizer/trace/b": 1.0}
+
+
+def test_no_gradient_at_all_changes_nothing():
+    w = statevar.Variable([1.0], name="w")
+    opt = statevar.Optimizer(optax.adam(0.1), w)
+    opt.apply_gradients([(None, w)])
+    assert int(opt.iterations) == 0 and float(w[0]) == 1.0
+
+
+BAD_PAIRS = {
+    "not a pair": (
+        lambda w, v: [jnp.ones(1)],
+        TypeError,
+        r"Expected \(gradient, variable\) pairs.* got ArrayImpl at position 0",
+    ),
+    "not a variable": (
+        lambda w, v: [(jnp.ones(1), jnp.ones(1))],
+        TypeError,
+        r"got a ArrayImpl in place of the variable at position 0",
+    ),
+    "twice": (
+        lambda w, v: [(jnp.ones(1), w), (None, w)],
+        ValueError,
+        r"Variable 'w' appears twice in apply_gradients' pairs",
+    ),
+    "unknown": (
+        lambda w, v: [(jnp.ones(1), v)],
+        ValueError,
+        r"Got a gradient for Variable 'v', which Optimizer 'optimizer' does not update",
+    ),
+    "shape": (
+        lambda w, v: [(jnp.ones(3), w)],
+        ValueError,
+        r"Gradient for Variable 'w' has shape \(3,\), expected",
+    ),
+    "not an array": (
+        lambda w, v: [("oops", w)],
+        TypeError,
+        r"Expected an array gradient for Variable 'w', got str",
+    ),
+}
+
+
+@pytest.mark.parametrize(("pairs", "error", "message"), BAD_PAIRS.values(), ids=list(BAD_PAIRS))
+def test_apply_gradients_refuses_bad_pairs_and_changes_nothing(pairs, error, message):
+    w, v = statevar.Variable([1.0], name="w"), statevar.Variable([1.0], name="v")
+    opt = statevar.Optimizer(optax.sgd(0.1), w)
+    with pytest.raises(error, match=message):
+        opt.apply_gradients(pairs(w, v))
+    assert (float(w[0]), int(opt.iterations)) == (1.0, 0)
+
+
+def test_apply_gradients_refuses_a_view():
+    w = statevar.Variable([1.0], name="w")
+    view = jax.tree.map(lambda x: x, w)
+    with pytest.raises(TypeError, match=r"read-only view of Variable 'w'.*at position 0"):
+        statevar.Optimizer(optax.sgd(0.1)).apply_gradients([(jnp.ones(1), view)])
+
+
+def test_an_unbuilt_optimizer_says_how_to_build_it():
+    opt = statevar.Optimizer(optax.sgd, learning_rate=0.1)
+    with pytest.raises(
+        ValueError, match=r"Cannot apply gradients with Optimizer 'optimizer'.*build"
+    ):
+        opt.apply(jnp.ones(1))
+    with pytest.raises(ValueError, match="Cannot read the learning rate of Optimizer 'optimizer'"):
+        _ = opt.learning_rate
+    with pytest.raises(ValueError, match="Cannot set the learning rate of Optimizer 'optimizer'"):
+        opt.learning_rate = 0.5
+    with pytest.raises(ValueError, match="Cannot save or restore Optimizer 'optimizer'"):
+        statevar.save("never_written", opt)
+
+
+def test_building_inside_a_compiled_step_is_refused_with_the_fix():
+    w = statevar.Variable([1.0], name="w")
+    opt = statevar.Optimizer(optax.sgd(0.1))
+
+    @statevar.jit
+    def step():
+        opt.apply_gradients([(jnp.ones(1), w)])
+
+    with pytest.raises(
+        statevar.TraceContextError, match=r"Cannot build Optimizer 'optimizer' inside statevar.jit"
+    ):
+        step()
+    assert not opt.built
+
+
+def test_building_twice_is_refused():
+    opt = statevar.Optimizer(optax.sgd(0.1), statevar.Variable(1.0))
+    with pytest.raises(ValueError, match="Optimizer 'optimizer' is already built, for 1 variables"):
+        opt.build(statevar.Variable(2.0))
+
+
+# --------------------------------------------------------------------------- learning rate
+
+
+def test_the_learning_rate_can_be_set_between_steps_without_retracing():
+    w = statevar.Variable([1.0], name="w")
+    opt = statevar.Optimizer(optax.sgd, w, learning_rate=0.5)
+    traces = []
+
+    @statevar.jit
+    def step():
+        traces.append(1)
+        opt.apply_gradients([(jnp.ones(1), w)])
+
+    step()
+    assert float(opt.learning_rate) == 0.5
+    opt.learning_rate = 0.25
+    step()
+    opt.learning_rate.assign(0.125)  # it is a Variable
+    step()
+    assert float(w[0]) == pytest.approx(1.0 - 0.5 - 0.25 - 0.125)
+    assert len(traces) == 1
+    assert opt.learning_rate.name == "optimizer/learning_rate"
+
+
+def test_an_injected_transformation_exposes_its_learning_rate():
+    w = statevar.Variable([1.0], name="w")
+    opt = statevar.Optimizer(optax.inject_hyperparams(optax.adam)(learning_rate=0.1), w)
+    opt.learning_rate = 0.01
+    opt.apply(jnp.ones(1))
+    assert float(w[0]) == pytest.approx(0.99, rel=1e-4)
+
+
+def test_a_scheduled_learning_rate_is_read_but_not_set():
+    w = statevar.Variable([1.0], name="w")
+    schedule = optax.linear_schedule(1.0, 0.0, transition_steps=4)
+    opt = statevar.Optimizer(optax.sgd, w, learning_rate=schedule)
+    for _ in range(3):
+        opt.apply(jnp.ones(1))
+    assert float(opt.learning_rate) == 0.5  # the rate of the latest step
+    assert float(w[0]) == pytest.approx(1.0 - 1.0 - 0.75 - 0.5)
+    with pytest.raises(ValueError, match="Cannot set the learning rate .*: a schedule gives it"):
+        opt.learning_rate = 0.1
+    assert float(opt.learning_rate) == 0.5
+
+
+def test_no_injected_learning_rate_says_how_to_get_one():
+    opt = statevar.Optimizer(optax.adam(0.1), statevar.Variable(1.0))
+    with pytest.raises(AttributeError, match=r"has no learning rate.*Optimizer\(optax.adam, "):
+        _ = opt.learning_rate
+    assert not hasattr(opt, "learning_rate")
+
+
+def test_a_bad_learning_rate_is_refused_and_leaves_it_unchanged():
+    opt = statevar.Optimizer(optax.sgd, statevar.Variable(1.0), learning_rate=0.5)
+    with pytest.raises(ValueError, match=r"Variable 'optimizer/learning_rate'.*shape"):
+        opt.learning_rate = [0.1, 0.2]
+    assert float(opt.learning_rate) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("tx", "hyperparameters", "message"),
+    [
+        (optax.adam, {}, "or a factory such as optax.adam with its hyperparameters"),
+        (optax.adam(0.1), {"learning_rate": 0.1}, r"already built; pass them to its factory"),
+    ],
+    ids=["factory without hyperparameters", "built with hyperparameters"],
+)
+def test_hyperparameters_go_with_a_factory(tx, hyperparameters, message):
+    with pytest.raises(TypeError, match=message):
+        statevar.Optimizer(tx, statevar.Variable(1.0), **hyperparameters)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_an_optimizer_is_a_checkpoint_target(tmp_path):
+    model = Linear()
+    opt = statevar.Optimizer(optax.adam(0.1), model)
+    opt.apply(statevar.grad(lambda: jnp.sum(model(X) ** 2), model)())
+    statevar.save(tmp_path / "top", [model, opt])
+    statevar.save(tmp_path / "keyed", {"model": model, "opt": opt})
+    saved = [v.numpy() for v in (*model.variables, *opt.state_variables)]
+
+    def names(directory):
+        manifest = json.loads((directory / "statevar_checkpoint.json").read_text())
+        return [entry["name"] for entry in manifest["variables"]]
+
+    assert names(tmp_path / "top")[3:6] == [
+        "optimizer/iterations", "optimizer/count", "optimizer/mu/bias"
+    ]  # fmt: skip
+    assert names(tmp_path / "keyed")[:4] == [
+        "model/kernel", "model/bias", "model/steps", "opt/iterations"
+    ]  # fmt: skip
+    targets = {"top": lambda m, o: [m, o], "keyed": lambda m, o: {"model": m, "opt": o}}
+    for directory, target in targets.items():
+        fresh = Linear()
+        fresh_opt = statevar.Optimizer(optax.adam(0.1), fresh)
+        statevar.restore(tmp_path / directory, target(fresh, fresh_opt))
+        restored = [v.numpy() for v in (*fresh.variables, *fresh_opt.state_variables)]
+        chex.assert_trees_all_equal(restored, saved)
+
+
+def _legacy_checkpoint(directory, steps):
+    """Writes the checkpoint statevar wrote before state variables were named after their
+    parameters: the optax state of a list of the parameters (a Module's in the order of its
+    sorted names), by position, manifest version 1."""
+    tx = optax.adam(0.1)
+    params = [jnp.array([0.1, -0.1]), jnp.array([[1.0, -2.0], [0.5, 3.0]])]  # bias, kernel
+    state = tx.init(params)
+    for _ in range(steps):
+        grads = jax.grad(lambda p: jnp.sum((X @ p[1] + p[0]) ** 2))(params)
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+    named = [statevar.Variable(p, name=n) for p, n in zip(params, ["bias", "kernel"], strict=True)]
+    named.append(statevar.Variable(steps, name="steps"))
+    named += [
+        statevar.Variable(leaf, name=f"optimizer/{i}", trainable=False)
+        for i, leaf in enumerate(jax.tree.leaves(state))
+    ]
+    statevar.save(directory, named)
+    path = directory / "statevar_checkpoint.json"
+    manifest = json.loads(path.read_text())
+    manifest.pop("sha256")
+    manifest["version"] = 1
+    manifest["sha256"] = statevar._manifest.manifest_digest(manifest)
+    path.write_text(json.dumps(manifest))
+    return params, state
+
+
+@pytest.mark.parametrize("as_optimizer", [True, False], ids=["optimizer", "state_variables"])
+def test_a_checkpoint_with_numbered_optimizer_state_still_restores(tmp_path, caplog, as_optimizer):
+    params, state = _legacy_checkpoint(tmp_path, steps=2)
+    model = Linear()
+    opt = statevar.Optimizer(optax.adam(0.1), model)
+    target = [model, opt if as_optimizer else opt.state_variables]
+
+    with caplog.at_level(logging.WARNING, logger="statevar"):
+        result = statevar.restore(tmp_path, target)
+
+    # Matched by the checkpoint's own names.
+    assert result.restored == ["kernel", "bias", "steps", *(f"optimizer/{i}" for i in range(5))]
+    assert result.untouched == ["optimizer/iterations (not in checkpoints of manifest version 1)"]
+    assert "optimizer/iterations" in caplog.text
+    by_name = {v.name: v.value for v in opt.state_variables}
+    chex.assert_trees_all_equal(by_name["optimizer/mu/kernel"], state[0].mu[1])
+    chex.assert_trees_all_equal(by_name["optimizer/nu/bias"], state[0].nu[0])
+    chex.assert_trees_all_equal(model.kernel.value, params[1])
+    # Training on gives what uninterrupted pure optax gives; saving again converts it.
+    opt.apply(statevar.grad(lambda: jnp.sum(model(X) ** 2), model)())
+    chex.assert_trees_all_close(model.kernel.value, _pure_adam(3)["kernel"], rtol=1e-5)
+    statevar.save(tmp_path / "converted", [model, opt])
+    assert "optimizer/mu/kernel" in statevar.restore(tmp_path / "converted", [model, opt]).restored
+
+
+def test_a_numbered_checkpoint_that_does_not_match_says_how_to_convert(tmp_path):
+    _legacy_checkpoint(tmp_path, steps=1)
+    model = Linear()
+    opt = statevar.Optimizer(optax.sgd(0.1, momentum=0.9), model)  # another state layout
+    with pytest.raises(
+        statevar.CheckpointMismatchError,
+        match=r"(?s)earlier statevar \(manifest version 1\).*optimizer/0.*save again",
+    ):
+        statevar.restore(tmp_path, [model, opt])
+    assert float(model.kernel[0, 0]) == 1.0

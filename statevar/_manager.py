@@ -1,0 +1,225 @@
+"""`CheckpointManager`: numbered checkpoints of a training run in one directory.
+
+Each step is ``directory/<step>/``: orbax's ``CheckpointManager`` writes the arrays into
+``state/``, then statevar writes the manifest (see `statevar._checkpoint`); a step counts
+only once its manifest exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import shutil
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._checkpoint import (
+    _STEP_TEMPORARY,
+    PathLike,
+    RestoreResult,
+    _complete_steps,
+    _named_variables,
+    _orbax,
+    _restore,
+    _snapshot,
+)
+from ._errors import CheckpointExistsError, CheckpointNotFoundError
+from ._manifest import MANIFEST, STEP_ITEM, write_manifest
+
+if TYPE_CHECKING:
+    import orbax.checkpoint as ocp
+
+logger = logging.getLogger("statevar")
+
+
+class CheckpointManager:
+    """Keeps numbered checkpoints of a training run in one directory, built on orbax.
+
+    ``save(step, target)`` writes ``directory/<step>/`` with orbax's ``CheckpointManager``,
+    then statevar's manifest; a step counts only once its manifest exists, so an interrupted
+    save is never listed or restored. Steps are ordered by number. One process at a time
+    should save into a directory.
+
+    Args:
+      directory: where the step directories go; created by the first `save`.
+      max_to_keep: how many of the highest-numbered steps to keep (the step just saved is
+        always kept); None keeps every step.
+
+    Raises:
+      ValueError: if ``max_to_keep`` is not None or a positive int.
+
+    Example:
+      >>> import tempfile, statevar
+      >>> step = statevar.Variable(0, name="step")
+      >>> manager = statevar.CheckpointManager(tempfile.mkdtemp(), max_to_keep=2)
+      >>> print(manager.restore(step))  # nothing saved yet: start from scratch (and log it)
+      None
+      >>> for i in range(1, 4):
+      ...     _ = step.assign(i)
+      ...     manager.save(i, step)
+      >>> manager.all_steps()
+      [2, 3]
+      >>> _ = step.assign(0)
+      >>> manager.restore(step).step, int(step)
+      (3, 3)
+    """
+
+    def __init__(self, directory: PathLike, *, max_to_keep: int | None = 5):
+        if max_to_keep is not None and (type(max_to_keep) is not int or max_to_keep < 1):
+            raise ValueError(
+                f"Expected max_to_keep to be None or a positive int, got {max_to_keep!r}"
+            )
+        self._shown = str(directory)
+        self._directory = pathlib.Path(directory).absolute()
+        self._max_to_keep = max_to_keep
+
+    @property
+    def directory(self) -> pathlib.Path:
+        """The directory holding the step directories."""
+        return self._directory
+
+    def all_steps(self) -> list[int]:
+        """Returns the steps that hold a complete checkpoint, in increasing order."""
+        return _complete_steps(self._directory)
+
+    def latest_step(self) -> int | None:
+        """Returns the highest complete step, or None if there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def _orbax_manager(self) -> ocp.CheckpointManager:
+        # A fresh orbax manager per save sees the directory as it is now. Lightweight
+        # initialization reads no step metadata, so it has nothing to warn about.
+        ocp = _orbax()
+        options = ocp.CheckpointManagerOptions(
+            create=True,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=False,
+            lightweight_initialize=True,
+        )
+        return ocp.CheckpointManager(self._directory, options=options, item_names=(STEP_ITEM,))
+
+    def save(self, step: int, target: Any) -> None:
+        """Saves the target's variables as ``step``, then deletes steps beyond `max_to_keep`.
+
+        Keys and reads are as in `statevar.save`. What an interrupted save or deletion left
+        is cleared first: orbax's temporary directories, steps being deleted, and the
+        directory of this same step if it has no manifest. Other directories without a
+        manifest are never listed, and left alone.
+
+        Args:
+          step: the step number, a non-negative int.
+          target: a Variable, a Module, an Optimizer, or a (possibly nested) list, tuple or
+            dict of them.
+
+        Raises:
+          TypeError: if ``step`` is not an int, or as `statevar.save` for the target.
+          ValueError: if ``step`` is negative, or two different variables have one name.
+          CheckpointExistsError: (a FileExistsError) if ``step`` already holds a complete
+            checkpoint; steps are never overwritten.
+        """
+        if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
+            raise TypeError(f"Expected the step to be an int, got {type(step).__name__}")
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"Expected the step to be non-negative, got {step}")
+        if step in self.all_steps():
+            raise CheckpointExistsError(
+                f"Cannot save step {step} to {self._shown!r}: that step already holds a "
+                "checkpoint, and steps are never overwritten; save under a new step number"
+            )
+        entries, arrays = _snapshot(_named_variables(target))
+        for entry in self._directory.iterdir() if self._directory.is_dir() else ():
+            interrupted = _STEP_TEMPORARY.match(entry.name) or (
+                entry.name == str(step) and not (entry / MANIFEST).exists()
+            )
+            if interrupted and entry.is_dir():
+                shutil.rmtree(entry)
+        ocp = _orbax()
+        manager = self._orbax_manager()
+        try:
+            manager.save(
+                step,
+                args=ocp.args.Composite(**{STEP_ITEM: ocp.args.StandardSave(arrays)}),
+                force=True,  # orbax would otherwise skip, silently, a step below its latest
+            )
+            step_directory = self._directory / str(step)
+            write_manifest(step_directory, STEP_ITEM if arrays else None, entries)
+            if self._max_to_keep is not None:
+                older = [s for s in self.all_steps() if s != step]
+                for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
+                    self.delete(old)
+        finally:
+            manager.close()
+
+    def delete(self, step: int) -> None:
+        """Deletes a complete step.
+
+        One rename takes the step out of `all_steps` at once, so a process killed while its
+        files are deleted leaves no half-deleted step; the next `save` clears the rest.
+
+        Args:
+          step: a step that `all_steps` lists.
+
+        Raises:
+          CheckpointNotFoundError: (a FileNotFoundError) if there is no such complete step.
+        """
+        if step not in self.all_steps():
+            raise CheckpointNotFoundError(
+                f"Cannot delete step {step} in {self._shown!r}: there is no complete step "
+                f"{step}; the steps there are {self.all_steps()}"
+            )
+        doomed = self._directory / f"{step}.statevar-deleted-{uuid.uuid4().hex}"
+        os.replace(self._directory / str(step), doomed)
+        shutil.rmtree(doomed)
+
+    def restore(
+        self, target: Any, step: int | None = None, *, partial: bool = False
+    ) -> RestoreResult | None:
+        """Restores ``step`` (by default the latest) into the target; see `statevar.restore`.
+
+        With ``step`` None this is "resume if possible": when there is no complete step
+        yet, nothing changes, a WARNING on the ``"statevar"`` logger says so (naming the
+        directory, and whether it exists, so a mistyped path shows), and None is returned.
+
+        Args:
+          target: a Variable, a Module, an Optimizer, or a (possibly nested) list, tuple or
+            dict of them.
+          step: the step to restore; None restores the latest complete step.
+          partial: as in `statevar.restore`.
+
+        Returns:
+          A `RestoreResult` whose ``step`` is the step restored, or None when ``step`` is
+          None and there is no checkpoint yet:
+          ``start = 0 if restored is None else restored.step + 1``.
+
+        Raises:
+          CheckpointNotFoundError: (a FileNotFoundError) if ``step`` is given and holds no
+            complete checkpoint; the message lists the steps there are.
+          CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
+        """
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                reason = "holds no complete step" if self._directory.is_dir() else "does not exist"
+                logger.warning(
+                    "No checkpoint to restore: directory %r (%s) %s; nothing was restored",
+                    self._shown,
+                    self._directory,
+                    reason,
+                )
+                return None
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointNotFoundError(
+                f"Checkpoint directory {self._shown!r} has no complete step {step}; the steps "
+                f"there are {steps}"
+            )
+        shown = os.path.join(self._shown, str(step))
+        return _restore(self._directory / str(step), target, partial, shown, step)
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({self._shown!r}, max_to_keep={self._max_to_keep})"
