@@ -164,7 +164,8 @@ def summary(module: Module, *, file: TextIO | None = None) -> None:
     the number of elements and the bytes. Each sub-Module gets a row with the subtotal of
     the variables below it; the last line gives the totals, trainable and not. On a
     terminal the table is drawn with `rich <https://rich.readthedocs.io>`_; elsewhere (a
-    file, a pipe, a log) it is plain text. Reads only shapes and dtypes: no value is copied or read to the host.
+    file, a pipe, a log) it is plain text. Reads only shapes and dtypes: no value is
+    copied or read to the host.
 
     Args:
       module: the Module to describe.
