@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import sys
 from typing import Any
 
@@ -27,8 +26,6 @@ from ._signals import held_signals
 # Bound once: the eager update is a hot path.
 _UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
 _state_lock = _update.state_lock
-_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
-_setattr, _VALUE = setattr, ("_value",)
 # The signature of an inline update with a committed value: a different compiled call.
 _COMMITTED = {operation: (operation, "committed") for operation in _UPDATES}
 _settings = _placement._settings
@@ -344,7 +341,7 @@ class Variable:
             # An array of the variable's own type, abstract value (shape, dtype, strong type)
             # and placement enters the update as it is.
             and value.aval == current.aval
-            and (not (committed := value.committed) or value.sharding == current.sharding)
+            and (not (committed := value._committed) or value.sharding == current.sharding)
         ):
             signature: Any = _COMMITTED[operation] if committed else operation
         else:
@@ -361,26 +358,29 @@ class Variable:
             new = _update.PURE[operation](old, value, *(index or ()))
             _trace.write(self, new, PHRASES[operation])
             return self
-        operands = ((value,),) if index is None else ((value,), *((part,) for part in index))
         if signature is None:
             signature = _update.signature(operation, value, index)
         donating, copying = _UPDATES[operation]
         with _state_lock:
-            shared = _getrefcount(self._value) > _SOLE_HOLDER
+            update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
-            update = copying if shared else donating
             cold = signature not in self._compiled
             try:
                 if not cold:
-                    # The call runs in C++ and its result is stored by the same C call
-                    # chain: no bytecode between the donation and the store.
-                    _consume(map(_setattr, (self,), _VALUE, map(update, (old,), *operands)))
+                    # JAX's fast path runs in C++, called by the iterator that the unpacking
+                    # assignment consumes: Python checks for signals at calls and loops, not
+                    # between unpacking and storing, so no exception can land between the
+                    # donation and the store of its result.
+                    if index is None:
+                        (self._value,) = map(update, (old,), (value,))
+                    else:
+                        (self._value,) = map(update, (old,), (value,), *zip(index))
                 else:
                     self._check_operation(operation)
                     # JAX's first call for these argument types runs Python code after
                     # donating: hold the signal handlers until the result is stored.
                     with held_signals():
-                        _consume(map(_setattr, (self,), _VALUE, map(update, (old,), *operands)))
+                        self._value = update(old, value, *(index or ()))
             except (RuntimeError, ValueError):  # JAX's slow and fast paths, for a deleted array
                 if old.is_deleted():
                     # Donated or deleted outside statevar: only assign can restore it.

@@ -821,3 +821,10 @@ def test_a_slice_step_of_zero_is_refused_by_name():
     with pytest.raises(ValueError, match=r"Cannot set Variable 'w'\[.*slice step cannot be zero"):
         v[::0] = 1.0
     np.testing.assert_array_equal(v.numpy(), np.zeros(4))
+
+
+def test_jax_array_private_attributes_the_hot_path_reads():
+    # The eager update reads ``_committed`` (a C++ attribute, cheaper than the
+    # ``committed`` property) to tell an uncommitted value from a committed one.
+    assert jnp.ones(2)._committed is False
+    assert jax.device_put(jnp.ones(2), jax.devices()[0])._committed is True
