@@ -657,14 +657,6 @@ def _in_place(symbol: str, hint: str) -> Any:
     return method
 
 
-def _in_place_on_view(op: Any) -> Any:
-    # A view is a value, not a variable: ``x += 1`` rebinds the name, as for a jax.Array.
-    def method(self: View, other: Any) -> Any:
-        return op(self._read(), _operand(other))
-
-    return method
-
-
 for _name, _symbol, _hint, _op in [
     ("__iadd__", "+=", "v.assign_add(x)", jnp.add),
     ("__isub__", "-=", "v.assign_sub(x)", jnp.subtract),
@@ -681,7 +673,8 @@ for _name, _symbol, _hint, _op in [
     ("__irshift__", ">>=", "v.assign(v >> x)", jnp.right_shift),
 ]:
     setattr(Variable, _name, _in_place(_symbol, _hint))
-    setattr(View, _name, _in_place_on_view(_op))
+    # A view is a value, not a variable: ``x += 1`` rebinds the name, as for a jax.Array.
+    setattr(View, _name, _binary(_op))
 
 for _name, _op in [
     ("__eq__", jnp.equal),
