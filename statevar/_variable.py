@@ -26,8 +26,7 @@ from ._signals import held_signals
 # Bound once: the eager update is a hot path.
 _UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
 _state_lock = _update.state_lock
-# The signature of an inline update with a committed value: a different compiled call.
-_COMMITTED = {operation: (operation, "committed") for operation in _UPDATES}
+_acquire, _release = _state_lock.acquire, _state_lock.release
 _settings = _placement._settings
 
 # Counts changes of any variable's trainable flag; when it moves, `statevar.jit` checks
@@ -206,8 +205,14 @@ class Variable:
             traced = _trace.read(self)
             if traced is not None:
                 return traced
-        with _state_lock:
+        try:  # rather than `with _state_lock`, which costs more; see `_update`
+            _acquire()
             value = self._value
+        finally:
+            try:
+                _release()
+            except RuntimeError:
+                pass  # acquire itself was interrupted while waiting: nothing to release
         if value.is_deleted():
             raise self._deleted_error("Cannot read")
         return value
@@ -334,21 +339,64 @@ class Variable:
         new array, never a deleted one.
         """
         current = self._value
-        concrete = type(current)  # the variable's array type: concrete, never a tracer
         if (
             index is None
-            and type(value) is concrete
+            and type(value) is type(current)
             # An array of the variable's own type, abstract value (shape, dtype, strong type)
-            # and placement enters the update as it is.
+            # and placement, for an update this variable has run before, outside any trace:
+            # JAX's fast path, with nothing to convert or check.
             and value.aval == current.aval
-            and (not (committed := value._committed) or value.sharding == current.sharding)
+            and not value._committed
+            and operation in self._compiled
+            and not _trace.open_frames
         ):
-            signature: Any = _COMMITTED[operation] if committed else operation
-        else:
-            if index is None:
+            del current  # a reference held here would make the array look shared
+            donating, copying = _UPDATES[operation]
+            # Acquired inside the try, so that an exception landing right after acquiring still
+            # releases; cheaper than `with _state_lock`.
+            try:
+                _acquire()
+                update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
+                old = self._value
+                try:
+                    # The iterator that the unpacking assignment consumes makes the call:
+                    # Python checks for signals at calls and loops, not between unpacking
+                    # and storing, so no exception can land between the donation and the
+                    # store of its result.
+                    (self._value,) = map(update, (old,), (value,))
+                except (RuntimeError, ValueError):
+                    return self._failed_update(operation, value, old)
+                if type(self._value) is not type(old):
+                    self._refuse_traced(operation, old)
+            finally:
+                try:
+                    _release()
+                except RuntimeError:
+                    pass  # acquire itself was interrupted while waiting: nothing to release
+            if _settings.log_placement:
+                _placement.log(self.name, operation, self.device)
+            return self
+        del current
+        return self._update_checked(operation, value, index)
+
+    def _update_checked(self, operation: str, value: Any, index: tuple | None) -> Variable:
+        """`_update` for any value: converts and checks it, records updates made while a
+        transformation traces, and holds signal handlers through JAX's first call for new
+        argument types, which runs Python code after donating."""
+        current = self._value
+        if index is None:
+            if (
+                type(value) is type(current)
+                and value.aval == current.aval
+                and (not value._committed or value.sharding == current.sharding)
+            ):
+                signature: Any = (operation, value._committed)
+            else:
                 value = convert_for_update(value, self, operation)
+                signature = None
+        else:
             signature = None
-        del current  # a reference held here would make the array look shared
+        del current
         if _trace.open_frames and _trace.innermost() is not None:
             # While statevar.jit or statevar.grad traces: record the new traced value.
             self._check_operation(operation)
@@ -360,47 +408,55 @@ class Variable:
             return self
         if signature is None:
             signature = _update.signature(operation, value, index)
+        elif signature == (operation, False):
+            signature = operation  # the key the hot path looks for
         donating, copying = _UPDATES[operation]
         with _state_lock:
             update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
             cold = signature not in self._compiled
+            operands = (value,) if index is None else (value, *index)
             try:
-                if not cold:
-                    # JAX's fast path runs in C++, called by the iterator that the unpacking
-                    # assignment consumes: Python checks for signals at calls and loops, not
-                    # between unpacking and storing, so no exception can land between the
-                    # donation and the store of its result.
-                    if index is None:
-                        (self._value,) = map(update, (old,), (value,))
-                    else:
-                        (self._value,) = map(update, (old,), (value,), *zip(index))
-                else:
+                if cold:
                     self._check_operation(operation)
                     # JAX's first call for these argument types runs Python code after
                     # donating: hold the signal handlers until the result is stored.
                     with held_signals():
-                        self._value = update(old, value, *(index or ()))
-            except (RuntimeError, ValueError):  # JAX's slow and fast paths, for a deleted array
-                if old.is_deleted():
-                    # Donated or deleted outside statevar: only assign can restore it.
-                    if operation != "assign":
-                        raise self._deleted_error(f"Cannot {PHRASES[operation]}") from None
-                    self._value = _update.fresh(value, old)
-                    return self
-                # An array deleted (donated elsewhere) that passed the inline check above.
-                check_not_deleted(value, f"Cannot {PHRASES[operation]} Variable '{self.name}'")
-                raise
-            # Under jax.jit the update is only traced, even with concrete operands (nothing is
-            # donated then); the tracer it stored must not leak out of the trace.
-            if type(self._value) is not concrete:
-                self._value = old
-                raise _traced_update_error(self, operation)
+                        self._value = update(old, *operands)
+                else:
+                    # As in `_update`: the store follows the call with no check for signals.
+                    (self._value,) = map(update, (old,), *zip(operands))
+            except (RuntimeError, ValueError):
+                return self._failed_update(operation, value, old)
+            if type(self._value) is not type(old):
+                self._refuse_traced(operation, old)
             if cold:
                 self._compiled.add(signature)
         if _settings.log_placement:
             _placement.log(self.name, operation, self.device)
         return self
+
+    def _failed_update(self, operation: str, value: Any, old: jax.Array) -> Variable:
+        """Handles an update whose jitted call failed; the variable still holds ``old``.
+
+        Returns the variable if the failure is recovered (an assign to a variable whose
+        array was deleted outside statevar); otherwise raises, naming the variable.
+        """
+        if old.is_deleted():
+            # Donated or deleted outside statevar: only assign can restore it.
+            if operation != "assign":
+                raise self._deleted_error(f"Cannot {PHRASES[operation]}") from None
+            self._value = _update.fresh(value, old)
+            return self
+        # An array deleted (donated elsewhere) that passed the inline check above.
+        check_not_deleted(value, f"Cannot {PHRASES[operation]} Variable '{self.name}'")
+        raise  # the jitted call's error, which the caller is handling
+
+    def _refuse_traced(self, operation: str, old: jax.Array) -> None:
+        """Puts ``old`` back and raises: under jax.jit an update is only traced, even with
+        concrete operands (nothing is donated then), and its tracer must not leak out."""
+        self._value = old
+        raise _traced_update_error(self, operation)
 
     def _check_operation(self, operation: str) -> None:
         """Refuses arithmetic on a bool variable, as tf.Variable does (JAX would give a
