@@ -258,9 +258,7 @@ class JitFunction:
                             _setattr,
                             itertools.chain(found.targets, (returned,)),
                             found.attributes,
-                            itertools.chain.from_iterable(
-                                map(entry.jitted, (arrays,), (dynamic,))
-                            ),
+                            itertools.chain.from_iterable(map(entry.jitted, (arrays,), (dynamic,))),
                         )
                     )
                 else:
@@ -299,9 +297,7 @@ class JitFunction:
             )
         return result
 
-    def _failed_call(
-        self, entry: _Entry, arrays: list[jax.Array], error: Exception
-    ) -> Exception:
+    def _failed_call(self, entry: _Entry, arrays: list[jax.Array], error: Exception) -> Exception:
         """The error to raise when a compiled call failed; no variable has changed."""
         deleted = [v for v, a in zip(entry.lifted, arrays, strict=True) if a.is_deleted()]
         if not deleted:
