@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any
 
@@ -67,6 +68,18 @@ class Optimizer:
             for i, leaf in enumerate(state_leaves)
         )
         self._compiled_apply = jit(self._apply_traced)
+        # The structure of gradients with every optimized variable's slot filled: such
+        # gradients are checked in one pass (see `_check`). None when a variable occurs twice.
+        params = set(self._params)
+        slots = [v for v in leaves if v in params]
+        self._full_structure = (
+            jax.tree.structure(
+                self._treedef.unflatten([0 if v in params else None for v in leaves])
+            )
+            if slots == list(self._params)
+            else None
+        )
+        self._shapes = [v.shape for v in self._params]
         # The variables `apply` has warned about getting no gradient for.
         self._warned_no_gradient: set[Variable] = set()
 
@@ -114,11 +127,27 @@ class Optimizer:
                 stacklevel=2,
             )
         if _trace.innermost() is not None:
-            self._apply_traced(flat)
+            self._apply_traced(*flat)
         else:
-            self._compiled_apply(flat)
+            # Arrays as separate arguments take statevar.jit's fast path for array calls.
+            self._compiled_apply(*flat)
 
     def _check(self, grads: Any) -> list[Any]:
+        """Returns the gradient of each optimized variable (None where none was given)."""
+        if self._full_structure is not None:
+            # The common case, checked in C: every optimized variable has an array gradient
+            # of its shape, and every other slot holds None.
+            leaves, structure = jax.tree.flatten(grads)
+            if structure == self._full_structure:
+                try:
+                    shapes = list(map(_shape_of, leaves))
+                except AttributeError:
+                    shapes = None
+                if shapes == self._shapes:
+                    return leaves
+        return self._check_each(grads)
+
+    def _check_each(self, grads: Any) -> list[Any]:
         leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or _is_variable(x))
         if treedef != self._treedef:
             raise ValueError(
@@ -149,7 +178,7 @@ class Optimizer:
             by_variable[variable] = gradient
         return [by_variable.get(v) for v in self._params]
 
-    def _apply_traced(self, grads: list[Any]) -> None:
+    def _apply_traced(self, *grads: Any) -> None:
         params = [v.value for v in self._params]
         state = self._state_treedef.unflatten([s.value for s in self._state])
         filled = [jnp.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
@@ -163,6 +192,9 @@ class Optimizer:
                 variable.assign(new)
         for variable, new in zip(self._state, jax.tree.leaves(new_state), strict=True):
             variable.assign(new)
+
+
+_shape_of = operator.attrgetter("shape")
 
 
 def _keep_state_of(indices: set[int], count: int, old: Any, new: Any) -> Any:
