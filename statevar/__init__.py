@@ -12,6 +12,8 @@ from ._errors import PlacementError as PlacementError
 from ._errors import ShapeMismatchError as ShapeMismatchError
 from ._errors import StatevarError as StatevarError
 from ._errors import TraceContextError as TraceContextError
+from ._functional import read_values as read_values
+from ._functional import stateless_call as stateless_call
 from ._grad import grad as grad
 from ._grad import value_and_grad as value_and_grad
 from ._jit import jit as jit
@@ -46,10 +48,12 @@ __all__ = [
     "device",
     "grad",
     "jit",
+    "read_values",
     "restore",
     "save",
     "set_log_device_placement",
     "set_soft_device_placement",
+    "stateless_call",
     "summary",
     "value_and_grad",
 ]

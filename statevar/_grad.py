@@ -53,8 +53,11 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
     """
     variable_tree(wrt, "statevar.grad's wrt")
     # Eager calls only: the variables the function assigned under nested JAX
-    # transformations, held in refs from then on (see `_trace`).
-    learned_refs: dict[Variable, None] = {}
+    # transformations, held in refs from then on (see `_trace`). Calls in several threads
+    # share it: each reads the tuple once and a call that learns more replaces it whole, so
+    # no call sees it change while iterating (an update lost to a race only costs another
+    # call one more trace).
+    learned_refs: list[tuple[Variable, ...]] = [()]
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -64,7 +67,7 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
         outermost = _trace.innermost() is None
         while True:
             # Outside statevar.jit, this frame owns the refs; inside, the jit frame does.
-            refs = {v: jax.new_ref(v._read()) for v in learned_refs} if outermost else {}
+            refs = {v: jax.new_ref(v._read()) for v in learned_refs[0]} if outermost else {}
             frame = _trace.Frame("grad", {}, refs)
 
             def pure(primals: list[jax.Array], frame: _trace.Frame = frame) -> Any:
@@ -80,7 +83,7 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
             (value, (aux, written)), gradients = jax.value_and_grad(pure, has_aux=True)(primals)
             if not (outermost and frame.wanted_refs):
                 break
-            learned_refs.update(frame.wanted_refs)
+            learned_refs[0] = tuple(dict.fromkeys((*learned_refs[0], *frame.wanted_refs)))
         for variable, new in zip(frame.written, written, strict=True):
             variable.assign(new)
         for variable, ref in refs.items():

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from . import _trace, _update, _variable
+from ._closure import closure_variables, compiled_functions
 from ._convert import Tracer
 from ._errors import StatevarError, TraceContextError
 from ._grad import read_variables
@@ -392,11 +393,6 @@ class JitFunction:
         return _Entry(lifted, jitted, split, extra, refs, found)
 
 
-# The plain functions `jit` returned: a wrapper made with functools.wraps copies their
-# attributes, so membership, not an attribute, tells them apart.
-_compiled_functions: weakref.WeakSet = weakref.WeakSet()
-
-
 def _wrap(wrapper: Any, fn: Any) -> Any:
     """`functools.update_wrapper`, except that ``fn``'s attributes never replace the
     wrapper's own (a callable Module's ``_fn``, say); the others are still exposed."""
@@ -523,11 +519,13 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         # A plain function gives a plain function: it binds as a method, Python calls it
         # fastest, and a deep copy shares it, as it shares any function.
         call.jit_function, call._jit_kwargs = compiled, jit_kwargs
-        _compiled_functions.add(call)
+        compiled_functions.add(call)
         return _wrap(call, fn)
     # A bound method (an Optimizer's, say), a partial or a callable object belongs to an
     # instance: a deep copy of that instance must get a function compiled for the copy.
-    return _wrap(CompiledFunction(call, compiled, jit_kwargs), fn)
+    wrapper = _wrap(CompiledFunction(call, compiled, jit_kwargs), fn)
+    compiled_functions.add(wrapper)
+    return wrapper
 
 
 class CompiledFunction(functools.partial):
@@ -559,52 +557,3 @@ class CompiledFunction(functools.partial):
 
     def __repr__(self) -> str:
         return f"<statevar.jit function {self.jit_function.__name__}>"
-
-
-def closure_variables(fn: Any) -> list[Variable]:
-    """Returns the variables ``fn`` can reach through its closure and globals.
-
-    Follows Modules, objects with ``_statevar_variables`` (Optimizers), containers, bound
-    methods, ``functools.partial`` and functions defined in ``fn``'s own module.
-    """
-    found: dict[Variable, None] = {}
-    home = getattr(inspect.unwrap(fn), "__module__", None) if callable(fn) else None
-    seen: set[int] = set()
-
-    def collect(obj: Any, depth: int) -> None:
-        if id(obj) in seen or depth > 6:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, Variable):
-            if not isinstance(obj, View):
-                found[obj] = None
-        elif hasattr(type(obj), "_statevar_variables"):
-            found.update(dict.fromkeys(obj._statevar_variables()))
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            for item in obj:
-                collect(item, depth + 1)
-        elif isinstance(obj, dict):
-            for item in obj.values():
-                collect(item, depth + 1)
-        elif isinstance(obj, types.MethodType):
-            collect(obj.__self__, depth + 1)
-            collect(obj.__func__, depth + 1)
-        elif isinstance(obj, CompiledFunction) or (
-            isinstance(obj, types.FunctionType) and obj in _compiled_functions
-        ):
-            collect(obj.jit_function._fn, depth + 1)
-        elif isinstance(obj, functools.partial):
-            collect(obj.func, depth + 1)
-            collect(obj.args, depth + 1)
-            collect(obj.keywords, depth + 1)
-        elif isinstance(obj, types.FunctionType) and (depth == 0 or obj.__module__ == home):
-            try:
-                names = inspect.getclosurevars(obj)
-            except (TypeError, ValueError):
-                return
-            for value in (*names.nonlocals.values(), *names.globals.values()):
-                if not isinstance(value, types.ModuleType):
-                    collect(value, depth + 1)
-
-    collect(fn, 0)
-    return list(found)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -126,6 +127,8 @@ class Optimizer:
         self._state_owners: tuple[int | None, ...] = ()
         self._learning_rate: tuple[Variable | None, bool] = (None, False)
         self._legacy_names: tuple[str, ...] = ()
+        self._full_structure: Any = None
+        self._shapes: list[tuple[int, ...]] = []
         # The variables `apply` has warned about getting no gradient for.
         self._warned_no_gradient: set[Variable] = set()
         _optimizers.add(self)
@@ -181,6 +184,18 @@ class Optimizer:
         self._learning_rate = self._find_learning_rate(layout)
         order = legacy_order(self._tx, values, self._param_names)
         self._legacy_names = tuple(f"{self._name}/{position}" for position in order or ())
+        # The structure of gradients with every optimized variable's slot filled: `apply`
+        # checks such gradients in one pass. None when a variable occurs twice.
+        params = set(self._params)
+        slots = [v for v in self._leaves if v in params]
+        self._full_structure = (
+            jax.tree.structure(
+                self._treedef.unflatten([0 if v in params else None for v in self._leaves])
+            )
+            if slots == list(self._params)
+            else None
+        )
+        self._shapes = [v.shape for v in self._params]
         self._built = True
 
     def _find_learning_rate(self, layout: list) -> tuple[Variable | None, bool]:
@@ -310,6 +325,18 @@ class Optimizer:
           TypeError: if a gradient is not an array.
         """
         self._require_built("apply gradients with")
+        if self._full_structure is not None:
+            # The common case, checked in C: every optimized variable has an array gradient
+            # of its shape, and every other slot holds None.
+            leaves, structure = jax.tree.flatten(grads)
+            if structure == self._full_structure:
+                try:
+                    shapes = list(map(_shape_of, leaves))
+                except AttributeError:
+                    shapes = None
+                if shapes == self._shapes:
+                    self._apply_flat(leaves)
+                    return
         leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or _is_variable(x))
         if treedef != self._treedef:
             raise ValueError(
@@ -406,13 +433,16 @@ class Optimizer:
                 )
         if not by_variable:
             return  # nothing to update: not even a step to count
-        flat = [by_variable.get(v) for v in self._params]
-        if _trace.innermost() is not None:
-            self._apply_traced(flat)
-        else:
-            self._compiled_apply(flat)
+        self._apply_flat([by_variable.get(v) for v in self._params])
 
-    def _apply_traced(self, grads: list[Any]) -> None:
+    def _apply_flat(self, flat: list[Any]) -> None:
+        if _trace.innermost() is not None:
+            self._apply_traced(*flat)
+        else:
+            # Arrays as separate arguments take statevar.jit's fast path for array calls.
+            self._compiled_apply(*flat)
+
+    def _apply_traced(self, *grads: Any) -> None:
         names = self._param_names
         params = {name: v.value for name, v in zip(names, self._params, strict=True)}
         state = self._state_treedef.unflatten([s.value for s in self._state])
@@ -444,3 +474,6 @@ class Optimizer:
         built = f"{len(self._params)} variables" if self._built else "not built"
         count = len(self.state_variables)
         return f"<statevar.Optimizer {self._name!r}: {built}, {count} state variables>"
+
+
+_shape_of = operator.attrgetter("shape")

@@ -64,7 +64,8 @@ class Frame:
     """Values of the variables one transformation has lifted, while it traces.
 
     Attributes:
-      kind: ``"jit"`` or ``"grad"``.
+      kind: ``"jit"``, ``"grad"`` or ``"stateless"`` (`statevar.stateless_call`, whose
+        values are those given to it, and which owns every assignment made inside it).
       values: the current traced value of each variable held as a plain value.
       refs: the `jax.Ref` of each variable written under a nested transformation.
       differentiated: the variables a grad frame differentiates (never written).
@@ -178,7 +179,10 @@ def write(var: Variable, value: Any, operation: str) -> None:
         ``jax.custom_jvp`` function, a while loop whose cond_fun reads ``var``).
     """
     stack = _stack()
-    for frame in stack:
+    # A `statevar.stateless_call` owns every assignment made inside it: the frames from the
+    # innermost stateless one on are those that see this write.
+    scope = stack[_innermost_stateless(stack) :]
+    for frame in scope:
         if var in frame.differentiated:
             raise TraceContextError(
                 f"Cannot {operation} Variable '{var.name}' inside statevar.grad, which "
@@ -186,13 +190,20 @@ def write(var: Variable, value: Any, operation: str) -> None:
                 "(batch-norm statistics, a counter) non-trainable, or return the new value "
                 "(with has_aux=True) and assign it after the gradient call."
             )
-    for frame in reversed(stack):
+    for frame in reversed(scope):
         if frame.refs:
             ref = frame.refs.get(var)
             if ref is not None:
                 _check_nested_write(frame, var, operation, has_ref=True)
                 ref[...] = lax.stop_gradient(value)
                 return
+    owner = scope[0]
+    if owner.kind == "stateless" and var not in owner.values:
+        raise TraceContextError(
+            f"Cannot {operation} Variable '{var.name}' inside statevar.stateless_call: it is "
+            "not among the call's target variables, and a stateless call changes no "
+            "variable. Add it to the target (its new value is then returned)."
+        )
     frame = stack[-1]
     if get_opaque_trace_state() == frame._state:
         if frame.kind == "grad":
@@ -200,9 +211,16 @@ def write(var: Variable, value: Any, operation: str) -> None:
         frame.values[var] = value
         frame.written[var] = None
         return
-    owner = stack[0]
     _check_nested_write(owner, var, operation, has_ref=False)
     owner.wanted_refs[var] = None
+
+
+def _innermost_stateless(stack: list[Frame]) -> int:
+    """The index in ``stack`` of its innermost stateless frame, or 0 if there is none."""
+    for index in range(len(stack) - 1, 0, -1):
+        if stack[index].kind == "stateless":
+            return index
+    return 0
 
 
 def _traces_below(frame: Frame) -> list[Any]:
@@ -293,7 +311,9 @@ def check_creation(name: str) -> None:
     """
     frame = innermost()
     if frame is not None:
-        where = "statevar.jit" if frame.kind == "jit" else "statevar.grad"
+        where = {"jit": "statevar.jit", "grad": "statevar.grad"}.get(
+            frame.kind, "statevar.stateless_call"
+        )
         raise TraceContextError(
             f"Cannot create Variable '{name}' inside {where}: variables hold state across "
             "calls, so create them once, outside the transformed function, and assign to "

@@ -31,6 +31,12 @@ trace_counts: dict[str, int] = {}
 
 def _fit(value: jax.Array, like: Any) -> jax.Array:
     """Converts ``value`` to ``like``'s dtype and broadcasts it to ``like``'s shape."""
+    aval = getattr(value, "aval", None)
+    if aval is not None and aval.dtype == like.dtype and aval.shape == like.shape:
+        if not aval.weak_type:
+            # Already fits: no conversion to trace (a step assigning 10,000 variables would
+            # trace, lower and compile 10,000 of them).
+            return value
     return jnp.broadcast_to(lax.convert_element_type(value, like.dtype), like.shape)
 
 

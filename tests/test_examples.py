@@ -180,3 +180,35 @@ def test_train_rejects_a_checkpoint_dir_that_is_a_file(train_example, tmp_path, 
     assert f"--checkpoint-dir {str(path)!r} exists and is not a directory" in (
         capsys.readouterr().err
     )
+
+
+def test_train_scan_runs_many_steps_per_call_and_skips_non_finite_ones(capsys):
+    example = load_example("train_scan")
+
+    status = example.main(
+        [
+            "--steps",
+            "20",
+            "--steps-per-call",
+            "10",
+            "--corrupt-every",
+            "8",
+            "--max-loss-ratio",
+            "0.5",
+        ]
+    )
+
+    out = capsys.readouterr().out
+    assert "10 steps in one call equal 10 separate calls: True" in out
+    assert "steps 1-10: mean loss" in out and "9 applied, 1 skipped" in out
+    assert "steps 11-20: mean loss" in out and "18 applied, 2 skipped" in out
+    assert status == 0, out
+
+
+def test_train_scan_rejects_a_step_count_that_is_not_a_multiple_of_the_chunk(capsys):
+    example = load_example("train_scan")
+
+    with pytest.raises(SystemExit):
+        example.main(["--steps", "15", "--steps-per-call", "10"])
+
+    assert "--steps must be a multiple of --steps-per-call" in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """statevar.grad and statevar.value_and_grad."""
 
+import threading
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -241,3 +243,36 @@ def test_a_function_may_return_a_variable():
     w = statevar.Variable(3.0)
     value, grad = statevar.value_and_grad(lambda: w, w)()
     chex.assert_trees_all_close((value, grad), (3.0, 1.0))
+
+
+def test_threads_sharing_one_gradient_function_learn_its_refs_safely():
+    # Each thread's first call may learn that `seen` needs a ref (it is assigned under
+    # lax.cond) while other threads iterate over what was learned.
+    w = statevar.Variable(2.0)
+    seen = statevar.Variable(0.0, trainable=False, name="seen")
+
+    def mark():
+        seen.assign(1.0)
+
+    def loss(flag):
+        jax.lax.cond(flag, mark, lambda: None)
+        return w * w
+
+    gradient = statevar.grad(loss, w)
+    results, errors = [], []
+
+    def work():
+        try:
+            results.extend(float(gradient(True)) for _ in range(5))
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert results == [4.0] * 20
+    assert float(seen) == 1.0

@@ -790,3 +790,23 @@ def test_a_variable_only_assigned_and_found_while_tracing_gets_its_value():
         write(jnp.float32(value))
         assert float(holder.v) == value
     assert len(traces) == 2
+
+
+def test_a_variable_the_step_only_writes_is_updated_in_place():
+    # JAX prunes an argument the function never reads, and its donation with it, unless
+    # the step keeps unused arguments: the new value would then take a fresh buffer.
+    written = statevar.Variable(jnp.zeros(4096))
+    read = statevar.Variable(jnp.ones(4096))
+
+    @statevar.jit
+    def step(x):
+        written.assign(read * x)
+
+    step(2.0)
+    pointer = written._value.unsafe_buffer_pointer()
+    step(3.0)
+
+    # The old array was alive (held by the variable) until the call returned, so a copy
+    # could not have reused its address: the same pointer means its buffer was donated.
+    assert written._value.unsafe_buffer_pointer() == pointer
+    chex.assert_trees_all_equal(written.value, jnp.full(4096, 3.0))
