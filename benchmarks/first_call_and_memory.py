@@ -10,9 +10,11 @@ statevar carries over from one measurement to the next:
   Model creation is not timed. Target: statevar at most 1.15x pure `jax.jit` (medians).
 - Peak memory of a step that returns ``(loss, grads)``, with adam over 768 MiB of state
   (four f32[16Mi] parameters and their two moments): the growth of the process's resident
-  set above its level before the step, over 3 steps after one warm-up step. Also the
-  number of ``copy`` instructions in the compiled step. Target: statevar's peak no higher
-  than pure JAX's (plus 1% for noise).
+  set above its level before the step, over 3 steps after one warm-up step (the largest
+  over the processes); also, from the compiled step, its ``copy`` instructions, XLA's
+  scratch memory and the size of the outputs that take no donated buffer. Target:
+  statevar's peak no higher than pure JAX's, within 1% of the state's size (RSS counts the
+  whole process, so a few MiB of noise are possible).
 
     python benchmarks/first_call_and_memory.py [--processes 3]
 """
@@ -45,7 +47,7 @@ VARIANTS = ("statevar.jit", "jax.jit (donated)")
 MANY_VARIABLES = 10_000
 LARGE_PARAMETERS, LARGE_SIZE = 4, 16 * 2**20  # 4 x 64 MiB parameters, 768 MiB with adam
 MEMORY_STEPS = 3
-TARGETS = {"first call": 1.15, "peak memory": 1.01}
+TARGETS = {"first call": 1.15, "peak memory tolerance": 0.01}
 
 
 # ----------------------------------------------------------------------------- steps
@@ -94,8 +96,9 @@ def transformer_step(variant: str) -> Callable[[], Any]:
     return lambda: step(x, y)
 
 
-def large_grads_step(variant: str) -> tuple[Callable[[], Any], Callable[[], str]]:
-    """A step returning ``(loss, grads)`` with adam over 768 MiB of state: (run, hlo)."""
+def large_grads_step(variant: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """A step returning ``(loss, grads)`` with adam over 768 MiB of state: (run, compiled),
+    ``compiled`` giving the step's compiled executable."""
     tx = optax.adam(1e-3)
     keys = jax.random.split(jax.random.key(6), LARGE_PARAMETERS)
     params = [jax.random.normal(key, (LARGE_SIZE,)) * 0.01 for key in keys]
@@ -121,7 +124,7 @@ def large_grads_step(variant: str) -> tuple[Callable[[], Any], Callable[[], str]
         def hlo() -> str:
             entry = next(iter(step.jit_function._entries.values()))
             arrays = [v._value for v in entry.lifted]
-            return entry.jitted.lower(arrays, (x,)).compile().as_text()
+            return entry.jitted.lower(arrays, (x,)).compile()
 
         return lambda: step(x), hlo
 
@@ -139,7 +142,7 @@ def large_grads_step(variant: str) -> tuple[Callable[[], Any], Callable[[], str]
         return loss, grads
 
     def hlo() -> str:
-        return pure_step.lower(state[0], state[1], x).compile().as_text()
+        return pure_step.lower(state[0], state[1], x).compile()
 
     return run, hlo
 
@@ -162,7 +165,17 @@ def run_child(case: str, variant: str) -> dict:
         jax.block_until_ready(result)
         del result  # as a training loop drops a step's gradients before the next
     growth = memory.stop()
-    return {"growth": growth, "copies": hlo().count(" copy("), "method": memory.method}
+    compiled = hlo()
+    analysis = compiled.memory_analysis()
+    return {
+        "growth": growth,
+        "copies": compiled.as_text().count(" copy("),
+        # What XLA allocates beyond the donated inputs it writes over: scratch, and the
+        # outputs that alias no input (the gradients, the loss).
+        "temp": analysis.temp_size_in_bytes,
+        "unaliased_outputs": analysis.output_size_in_bytes - analysis.alias_size_in_bytes,
+        "method": memory.method,
+    }
 
 
 def in_fresh_processes(case: str, processes: int) -> dict[str, list[dict]]:
@@ -215,15 +228,24 @@ def report_memory(results: dict[str, list[dict]]) -> bool:
         f"\nstep returning (loss, grads), adam, {state:.0f} MiB of state: largest peak growth "
         f"over {MEMORY_STEPS} steps ({results['statevar.jit'][0]['method']}), copies in HLO"
     )
-    print(f"  {'variant':<22}{'peak growth':>14}{'vs jax.jit':>12}{'copies':>8}")
+    print(
+        f"  {'variant':<22}{'peak growth':>14}{'vs jax.jit':>12}{'copies':>8}"
+        f"{'XLA temp':>12}{'new outputs':>14}"
+    )
     for variant, runs in results.items():
         print(
             f"  {variant:<22}{peaks[variant] / mib:>10.1f} MiB{peaks[variant] / baseline:>11.2f}x"
-            f"{runs[0]['copies']:>8}"
+            f"{runs[0]['copies']:>8}{runs[0]['temp'] / mib:>8.1f} MiB"
+            f"{runs[0]['unaliased_outputs'] / mib:>10.1f} MiB"
         )
     ratio = peaks["statevar.jit"] / baseline
-    passed = ratio <= TARGETS["peak memory"]
-    print(f"  target statevar.jit peak <= jax.jit's: {ratio:.3f}x {'PASS' if passed else 'FAIL'}")
+    excess = (peaks["statevar.jit"] - baseline) / mib
+    tolerance = state * TARGETS["peak memory tolerance"]
+    passed = excess <= tolerance
+    print(
+        f"  target statevar.jit peak <= jax.jit's (within 1% of the state, {tolerance:.1f} "
+        f"MiB): {ratio:.3f}x, {excess:+.1f} MiB {'PASS' if passed else 'FAIL'}"
+    )
     return passed
 
 
