@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import matplotlib.image
@@ -180,3 +183,40 @@ def test_train_rejects_a_checkpoint_dir_that_is_a_file(train_example, tmp_path, 
     assert f"--checkpoint-dir {str(path)!r} exists and is not a directory" in (
         capsys.readouterr().err
     )
+
+
+def test_train_sharded_matches_one_device(capsys):
+    results = load_example("train_sharded").main(["--steps", "6", "--batch", "16"])
+    single_losses, single_params = results["single"]
+    for strategy in ("data_parallel", "fsdp"):
+        losses, params = results[strategy]
+        np.testing.assert_allclose(losses, single_losses, rtol=1e-5, atol=1e-5)
+        for name, value in params.items():
+            np.testing.assert_allclose(value, single_params[name], rtol=1e-5, atol=1e-5)
+    assert single_losses[-1] < single_losses[0]
+    out = capsys.readouterr().out
+    assert f"{len(jax.devices())} devices: cpu" in out
+    assert "fsdp: loss" in out and "data_parallel: loss" in out
+
+
+def test_train_sharded_rejects_a_batch_the_devices_do_not_divide(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_example("train_sharded").main(["--batch", "12"])
+    assert exit_info.value.code == 2
+    assert f"--batch 12 must be a multiple of the {len(jax.devices())} devices" in (
+        capsys.readouterr().err
+    )
+
+
+def test_train_sharded_sets_up_virtual_cpu_devices():
+    # In a fresh process: the device count must be set before JAX starts.
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train_sharded.py"), "--cpu-devices", "2"]
+        + ["--steps", "2", "--batch", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)},
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "2 devices: cpu" in completed.stdout
