@@ -88,8 +88,12 @@ def jax_step(mesh: jax.sharding.Mesh, rules: list) -> Callable:
         for name in initial_params()
     }
     params = jax.device_put(initial_params(), shardings)
-    opt_state = jax.jit(tx.init)(params)  # moments take their parameters' shardings
-    state_shardings = jax.tree.map(lambda a: a.sharding, opt_state)
+    opt_state = tx.init(params)  # the moments take their parameters' shardings
+    replicated = NamedSharding(mesh, P())
+    state_shardings = jax.tree.map(
+        lambda a: a.sharding if len(a.sharding.device_set) > 1 else replicated, opt_state
+    )
+    opt_state = jax.device_put(opt_state, state_shardings)  # the count, replicated
 
     def loss_fn(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
         return jnp.mean((forward(params, x) - y) ** 2)
@@ -148,11 +152,20 @@ def main() -> None:
         for i in range(args.rounds):
             for name in names[i % 2 :] + names[: i % 2]:
                 samples[name].append(time_round(steps[name], (x, y), args.steps_per_round))
+        # The same steps from the same start: the same loss, or the comparison is void.
+        losses = {name: float(steps[name](x, y)) for name in names}
+        if abs(losses["statevar.jit"] - losses["pure jax.jit"]) > 1e-4 * abs(
+            losses["pure jax.jit"]
+        ):
+            raise SystemExit(f"{layout}: the two steps disagree: {losses}")
         baseline = statistics.median(samples["pure jax.jit"])
         ratio = statistics.median(samples["statevar.jit"]) / baseline
         verdict = "ok" if ratio <= TARGET else "FAIL"
         failed |= verdict == "FAIL"
-        print(f"\n{layout} step")
+        print(
+            f"\n{layout} step (loss after {args.rounds * args.steps_per_round + 4} steps: "
+            f"{losses['statevar.jit']:.4e} both)"
+        )
         for name in names:
             median = statistics.median(samples[name])
             print(f"  {name:<14} {median * 1e6:9.1f} us/step  {median / baseline:5.2f}x")
