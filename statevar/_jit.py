@@ -72,8 +72,9 @@ class _Entry:
         # holding a reference to each non-array argument by position (see `_reference`).
         self.split = split
         self.extra = extra
-        # Gradients depend on which variables are trainable: the trace is valid for these
-        # flags, checked again whenever any variable's flag changed (a new epoch).
+        # Gradients depend on which variables are trainable, and the trace pins each new
+        # value to its variable's sharding: the trace is valid for these flags, checked
+        # again whenever any variable's flag or sharding changed (a new epoch).
         self.flags = _variable.compile_flags(lifted)
         self.epoch = _trainable_epoch[0]
         # The variables held in jax.Refs while tracing: those assigned under a nested JAX
@@ -509,6 +510,8 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     Raises:
       TypeError: if ``donate_argnums`` or ``donate_argnames`` is given.
       TraceContextError: if ``fn`` creates a Variable.
+      PlacementError: when called with variables and arguments on different sets of
+        devices (before anything is donated).
 
     Example:
       >>> import jax.numpy as jnp

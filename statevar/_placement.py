@@ -102,7 +102,8 @@ def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> j
         )
     index = int(match.group(2) or 0)
     try:
-        devices = jax.devices(platform)
+        # This process's devices: under jax.distributed, "cpu:0" is the first local one.
+        devices = jax.local_devices(backend=platform)
     except RuntimeError:
         devices = []
     if index < len(devices):
@@ -114,7 +115,7 @@ def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> j
             f"{_available()}. Call statevar.set_soft_device_placement(True) to fall back "
             "to the default device."
         )
-    fallback = jax.devices()[0]
+    fallback = jax.local_devices()[0]
     warnings.warn(
         f"Device {spec!r} does not exist; placing {subject or ''}{describe(fallback)} "
         f"instead (soft device placement). Available devices: {_available()}.",
@@ -400,6 +401,18 @@ def sharding_key(sharding: Sharding) -> Any:
             spec.pop()
         return sharding.mesh, tuple(spec), sharding.memory_kind
     return sharding
+
+
+def put(value: jax.Array, sharding: Sharding) -> jax.Array:
+    """Returns a copy of ``value`` on ``sharding``; donates nothing.
+
+    A sharding spanning several processes (`jax.distributed`) is filled from this process's
+    copy of the value, shard by shard: every process holds the same value.
+    """
+    if not sharding.is_fully_addressable and value.is_fully_addressable:
+        host = np.array(value)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: host[index])
+    return jax.device_put(value, sharding, may_alias=False)
 
 
 def is_explicit(sharding: Sharding) -> bool:

@@ -81,12 +81,14 @@ def _target_sharding(
 
 
 def _default_device() -> jax.Device:
+    # A local device: under jax.distributed, another process's devices come first in
+    # jax.devices() on every process but the first.
     configured = jax.config.jax_default_device
     if isinstance(configured, jax.Device):
         return configured
     if isinstance(configured, str):
-        return jax.devices(configured)[0]
-    return jax.devices()[0]
+        return jax.local_devices(backend=configured)[0]
+    return jax.local_devices()[0]
 
 
 class Variable:
@@ -329,7 +331,7 @@ class Variable:
                 f"Cannot reshard Variable '{self.name}' inside statevar.jit or statevar.grad: "
                 "reshard it before the compiled step"
             )
-        new = jax.device_put(self._read(), target, may_alias=False)
+        new = _placement.put(self._read(), target)
         with _state_lock:
             self._value = new
             # Updates compiled for the old placement must not serve the new one.
@@ -362,12 +364,28 @@ class Variable:
         return self._read()
 
     def numpy(self) -> np.ndarray:
-        """Returns a NumPy copy of the current value."""
-        return np.array(self._read())
+        """Returns a NumPy copy of the current value.
+
+        Raises:
+          ValueError: if the variable is spread over several processes (`jax.distributed`):
+            this process holds only its own shards.
+        """
+        return np.array(self._host_readable())
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        array = np.asarray(self._read(), dtype=dtype)
+        array = np.asarray(self._host_readable(), dtype=dtype)
         return array.copy() if copy else array
+
+    def _host_readable(self) -> jax.Array:
+        value = self._read()
+        if is_concrete_array(value) and not value.is_fully_addressable:
+            raise ValueError(
+                f"Cannot read Variable '{self.name}' into NumPy: it is spread over several "
+                "processes and this one holds only its own shards. Gather it first "
+                "(jax.experimental.multihost_utils.process_allgather(v.value)), or read "
+                "v.value.addressable_shards."
+            )
+        return value
 
     def __jax_array__(self) -> jax.Array:
         return self._read()
