@@ -320,11 +320,6 @@ def resolve_sharding(
     if isinstance(spec, Sharding):
         if isinstance(spec, NamedSharding):
             _check_spec(spec.spec, spec.mesh, shape, where)
-        else:
-            try:
-                spec.shard_shape(tuple(shape))
-            except Exception as error:
-                raise PlacementError(f"{where}: {error}") from None
         return spec
     if spec is None:
         spec = PartitionSpec()

@@ -117,11 +117,13 @@ class Variable:
         default device.
       sharding: a `jax.sharding.Sharding`, a `jax.sharding.PartitionSpec`, or a tuple of
         mesh axis names per dimension (None for a replicated dimension), resolved against
-        the innermost `statevar.mesh`. The sharding is fixed like the shape: every update
+        the innermost `statevar.mesh`, or a callable ``(name, shape) -> spec``; not with
+        ``device=``. The sharding is fixed like the shape: every update
         keeps it and runs in place, shard by shard; only `reshard` moves the variable.
 
     Raises:
-      TypeError: if ``initial_value`` is not numeric or cannot be converted to ``dtype``.
+      TypeError: if ``initial_value`` is not numeric or cannot be converted to ``dtype``,
+        or both ``device`` and ``sharding`` are given.
       TraceContextError: if created while `statevar.jit` or `statevar.grad` traces.
       PlacementError: if ``device`` does not exist and soft placement is off, or the
         sharding does not fit (an axis the mesh lacks, a dimension the axis does not

@@ -51,6 +51,30 @@ def test_sharding_argument_takes_a_sharding_a_spec_or_axis_names(mesh):
         chex.assert_trees_all_close(variable.numpy(), np.ones((8, 4), np.float32))
 
 
+def test_sharding_argument_takes_a_callable_of_name_and_shape(mesh):
+    def spec(name, shape):
+        assert (name, shape) == ("table", (8, 6))
+        return P("data", None)
+
+    with statevar.mesh(mesh):
+        table = statevar.Variable(jnp.ones((8, 6)), sharding=spec, name="table")
+    assert table.sharding == NamedSharding(mesh, P("data", None))
+
+
+def test_reshard_is_refused_inside_a_compiled_step(mesh):
+    w = statevar.Variable(jnp.ones(8), name="w")
+
+    @statevar.jit
+    def step():
+        w.reshard(NamedSharding(mesh, P("data")))
+
+    with pytest.raises(
+        statevar.TraceContextError, match=r"Cannot reshard Variable 'w' inside statevar.jit"
+    ):
+        step()
+    assert w.device == jax.devices()[0]
+
+
 def test_callable_initial_value_is_computed_directly_with_its_sharding(mesh):
     traced = []
 
