@@ -22,8 +22,10 @@ from ._module import Module as Module
 from ._optim import Optimizer as Optimizer
 from ._placement import PlacementWarning as PlacementWarning
 from ._placement import device as device
+from ._placement import mesh as mesh
 from ._placement import set_log_device_placement as set_log_device_placement
 from ._placement import set_soft_device_placement as set_soft_device_placement
+from ._reshard import reshard as reshard
 from ._summary import summary as summary
 from ._variable import Variable as Variable
 
@@ -48,7 +50,9 @@ __all__ = [
     "device",
     "grad",
     "jit",
+    "mesh",
     "read_values",
+    "reshard",
     "restore",
     "save",
     "set_log_device_placement",

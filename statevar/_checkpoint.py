@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._errors import (
     CheckpointCorruptedError,
@@ -43,6 +44,7 @@ from ._manifest import (
 )
 from ._module import Module, named_targets
 from ._optim import legacy_names
+from ._placement import put
 from ._variable import Variable, refuse_view
 
 if TYPE_CHECKING:
@@ -183,6 +185,10 @@ def save(directory: PathLike, target: Any) -> None:
     process killed at any moment leaves the old checkpoint or the new one, whole. Files that
     statevar did not write are left alone.
 
+    Under `jax.distributed`, every process calls `save` with the same target: each writes
+    its shards of one checkpoint, and the first process writes the manifest once all have
+    written, between barriers. It restores in any number of processes, onto any mesh.
+
     Args:
       directory: where to save; created if missing.
       target: a Variable, a Module, an Optimizer, or a (possibly nested) list, tuple or
@@ -211,15 +217,39 @@ def save(directory: PathLike, target: Any) -> None:
     checkpoint.mkdir(parents=True, exist_ok=True)
     data = None
     if arrays:
-        data = f"data-{uuid.uuid4().hex}"
+        data = f"data-{shared_token()}"
         _write_data(checkpoint / data, arrays)
-    write_manifest(checkpoint, data, entries)
-    for entry in checkpoint.iterdir():
-        if entry.name != data and _DEBRIS.match(entry.name):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+    # Under jax.distributed every process writes its shards; the first writes the manifest
+    # once all are written, and the others return once it is in place.
+    sync_processes("statevar-save-data")
+    if jax.process_index() == 0:
+        write_manifest(checkpoint, data, entries)
+        for entry in checkpoint.iterdir():
+            if entry.name != data and _DEBRIS.match(entry.name):
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+    sync_processes("statevar-save-manifest")
+
+
+def shared_token() -> str:
+    """A random hex token, the same in every process (the first process's)."""
+    token = uuid.uuid4()
+    if jax.process_count() == 1:
+        return token.hex
+    from jax.experimental import multihost_utils
+
+    shared = multihost_utils.broadcast_one_to_all(np.frombuffer(token.bytes, np.uint8))
+    return bytes(np.asarray(shared, np.uint8)).hex()
+
+
+def sync_processes(name: str) -> None:
+    """Waits until every process reaches this point (a no-op with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 # --------------------------------------------------------------------------- restore
@@ -273,9 +303,7 @@ def _read_values(
         values = {name: read[entry["key"]] for name, entry in stored.items()}
     for name, entry in wanted.items():
         if entry["key"] is None:
-            values[name] = jax.device_put(
-                jnp.zeros(entry["shape"], entry["dtype"]), variables[name].sharding
-            )
+            values[name] = put(jnp.zeros(entry["shape"], entry["dtype"]), variables[name].sharding)
     verify_values(values, wanted, shown)
     return values
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _trace
 from ._errors import DtypeMismatchError, ShapeMismatchError, TraceContextError
+from ._placement import is_multi_device, replicated
 
 if TYPE_CHECKING:
     from ._variable import Variable
@@ -300,5 +301,9 @@ def convert_for_update(
                 f"{expected}"
             )
     if is_concrete_array(value) and value.sharding != current.sharding:
-        value = jax.device_put(value, current.sharding)
+        sharding = current.sharding
+        if shape != current.shape and is_multi_device(sharding):
+            sharding = replicated(sharding)  # a part or a broadcast value: replicated
+        if value.sharding != sharding:
+            value = jax.device_put(value, sharding)
     return value

@@ -17,10 +17,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _trace, _update, _variable
+from . import _placement, _trace, _update, _variable
 from ._closure import closure_variables, compiled_functions
 from ._convert import Tracer
-from ._errors import StatevarError, TraceContextError
+from ._errors import PlacementError, StatevarError, TraceContextError
 from ._grad import read_variables
 from ._module import Module, Structure, variables_and_structure
 from ._signals import held_signals
@@ -73,9 +73,10 @@ class _Entry:
         # holding a reference to each non-array argument by position (see `_reference`).
         self.split = split
         self.extra = extra
-        # Gradients depend on which variables are trainable: the trace is valid for these
-        # flags, checked again whenever any variable's flag changed (a new epoch).
-        self.flags = tuple(v._trainable for v in lifted)
+        # Gradients depend on which variables are trainable, and the trace pins each new
+        # value to its variable's sharding: the trace is valid for these flags, checked
+        # again whenever any variable's flag or sharding changed (a new epoch).
+        self.flags = _variable.compile_flags(lifted)
         self.epoch = _trainable_epoch[0]
         # The variables held in jax.Refs while tracing: those assigned under a nested JAX
         # transformation (see `_trace`).
@@ -166,6 +167,31 @@ class JitFunction:
         if _trace.open_frames and _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
+        return self._run(*self._prepare(args, kwargs))
+
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+        """Returns JAX's `jax.stages.Lowered` for a call with these arguments, to inspect
+        (``.as_text()``, ``.compile().memory_analysis()``); runs nothing, donates nothing.
+
+        Its first argument is the list of the variables' arrays, the second the call's
+        array arguments; its outputs are the variables' new values, then the result.
+
+        Raises:
+          PlacementError: if variables and arguments are on different sets of devices.
+        """
+        key, entry, dynamic = self._prepare(args, kwargs)
+        arrays = [v._value for v in entry.lifted]
+        self._check_devices(entry, arrays, dynamic)
+        return entry.jitted.lower(arrays, dynamic)
+
+    def _check_devices(self, entry: _Entry, arrays: list, dynamic: tuple) -> None:
+        named = [(f"Variable {v.name!r}", a) for v, a in zip(entry.lifted, arrays, strict=True)]
+        named += [(f"argument {i}", a) for i, a in enumerate(dynamic)]
+        _placement.check_same_devices(f"The statevar.jit function {self.__name__!r}", named)
+
+    def _prepare(self, args: tuple, kwargs: dict) -> tuple[Any, _Entry, tuple[Any, ...]]:
+        """Splits a call into the key of its entry, the entry (compiled on first use) and
+        its array arguments."""
         leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=_is_state)
         key_parts: list[Any] = [treedef]
         dynamic, arg_variables, fixed, structures = [], [], [], []
@@ -221,7 +247,7 @@ class JitFunction:
             self._state_keys.setdefault(key, set()).add(state_key)
             if previous is not None and previous[0] != key:
                 self._drop_replaced(previous[0], state_key)
-        return self._run(key, entry, tuple(dynamic))
+        return key, entry, tuple(dynamic)
 
     def _drop_replaced(self, key: Any, state_key: tuple) -> None:
         """Drops the entry under ``key`` once no call reaches it through `_by_state`: the
@@ -237,7 +263,7 @@ class JitFunction:
     def _run(self, key: Any, entry: _Entry, dynamic: tuple[Any, ...]) -> Any:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables' arrays."""
         if entry.epoch != _trainable_epoch[0]:
-            if tuple(v._trainable for v in entry.lifted) != entry.flags:
+            if _variable.compile_flags(entry.lifted) != entry.flags:
                 entry = self._entries[key] = self._compile(entry.split, entry.extra, entry.refs)
             entry.epoch = _trainable_epoch[0]
         with _update.state_lock:
@@ -248,6 +274,8 @@ class JitFunction:
             found = entry.found
             previous = (*arrays, *(v._value for v in found.written_unlifted))
             returned = _Returned()
+            if not entry.warm:  # refused before anything is donated
+                self._check_devices(entry, arrays, dynamic)
             try:
                 if entry.warm:
                     # The compiled call (JAX's C++ fast path) returns the variables' new
@@ -273,7 +301,7 @@ class JitFunction:
                         _consume(map(_setattr, targets, found.attributes, outputs))
                     entry.warm = True
             except Exception as error:
-                raise self._failed_call(entry, arrays, error) from error
+                raise self._failed_call(entry, arrays, error, dynamic) from error
             if found.targets and isinstance(found.targets[0]._value, Tracer):
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer. (A first
@@ -298,10 +326,16 @@ class JitFunction:
             )
         return result
 
-    def _failed_call(self, entry: _Entry, arrays: list[jax.Array], error: Exception) -> Exception:
+    def _failed_call(
+        self, entry: _Entry, arrays: list[jax.Array], error: Exception, dynamic: tuple = ()
+    ) -> Exception:
         """The error to raise when a compiled call failed; no variable has changed."""
         deleted = [v for v, a in zip(entry.lifted, arrays, strict=True) if a.is_deleted()]
         if not deleted:
+            try:
+                self._check_devices(entry, arrays, dynamic)
+            except PlacementError as refused:
+                return refused
             return error
         if str(error).startswith("Array has been deleted") or "has been deleted or donated" in str(
             error
@@ -385,7 +419,10 @@ class JitFunction:
             # the first output of its shape and dtype, which must be the variable's own.
             final = {v: jax.freeze(ref) for v, ref in frame.refs.items()}
             final.update(frame.values)
-            return (*(final[v] for v in found.targets), result)
+            return (
+                *map(_variable.keep_sharding, found.targets, map(final.get, found.targets)),
+                result,
+            )
 
         # keep_unused: a variable the function only writes is still donated and updated in
         # place (JAX would otherwise prune the unread argument and its donation).
@@ -469,6 +506,8 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     Raises:
       TypeError: if ``donate_argnums`` or ``donate_argnames`` is given.
       TraceContextError: if ``fn`` creates a Variable.
+      PlacementError: when called with variables and arguments on different sets of
+        devices (before anything is donated).
 
     Example:
       >>> import jax.numpy as jnp
@@ -518,7 +557,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     if isinstance(fn, types.FunctionType):
         # A plain function gives a plain function: it binds as a method, Python calls it
         # fastest, and a deep copy shares it, as it shares any function.
-        call.jit_function, call._jit_kwargs = compiled, jit_kwargs
+        call.jit_function, call._jit_kwargs, call.lower = compiled, jit_kwargs, compiled.lower
         compiled_functions.add(call)
         return _wrap(call, fn)
     # A bound method (an Optimizer's, say), a partial or a callable object belongs to an
@@ -541,6 +580,7 @@ class CompiledFunction(functools.partial):
     ) -> CompiledFunction:
         self = super().__new__(cls, call)
         self.jit_function = compiled
+        self.lower = compiled.lower
         self._jit_kwargs = jit_kwargs
         return self
 

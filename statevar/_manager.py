@@ -14,6 +14,7 @@ import shutil
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import jax
 import numpy as np
 
 from ._checkpoint import (
@@ -25,6 +26,7 @@ from ._checkpoint import (
     _orbax,
     _restore,
     _snapshot,
+    sync_processes,
 )
 from ._errors import CheckpointExistsError, CheckpointNotFoundError
 from ._manifest import MANIFEST, STEP_ITEM, write_manifest
@@ -132,12 +134,15 @@ class CheckpointManager:
                 "checkpoint, and steps are never overwritten; save under a new step number"
             )
         entries, arrays = _snapshot(_named_variables(target))
-        for entry in self._directory.iterdir() if self._directory.is_dir() else ():
-            interrupted = _STEP_TEMPORARY.match(entry.name) or (
-                entry.name == str(step) and not (entry / MANIFEST).exists()
-            )
-            if interrupted and entry.is_dir():
-                shutil.rmtree(entry)
+        leader = jax.process_index() == 0  # under jax.distributed, the first process
+        if leader and self._directory.is_dir():
+            for entry in self._directory.iterdir():
+                interrupted = _STEP_TEMPORARY.match(entry.name) or (
+                    entry.name == str(step) and not (entry / MANIFEST).exists()
+                )
+                if interrupted and entry.is_dir():
+                    shutil.rmtree(entry)
+        sync_processes("statevar-manager-cleared")
         ocp = _orbax()
         manager = self._orbax_manager()
         try:
@@ -147,11 +152,14 @@ class CheckpointManager:
                 force=True,  # orbax would otherwise skip, silently, a step below its latest
             )
             step_directory = self._directory / str(step)
-            write_manifest(step_directory, STEP_ITEM if arrays else None, entries)
-            if self._max_to_keep is not None:
-                older = [s for s in self.all_steps() if s != step]
-                for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
-                    self.delete(old)
+            sync_processes("statevar-manager-data")
+            if leader:  # one manifest, written once every process wrote its shards
+                write_manifest(step_directory, STEP_ITEM if arrays else None, entries)
+                if self._max_to_keep is not None:
+                    older = [s for s in self.all_steps() if s != step]
+                    for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
+                        self.delete(old)
+            sync_processes("statevar-manager-manifest")
         finally:
             manager.close()
 

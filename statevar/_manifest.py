@@ -47,6 +47,12 @@ def array_sha256(array: Any) -> str:
       >>> array_sha256(np.zeros((2, 2), np.float32)) == hashlib.sha256(bytes(16)).hexdigest()
       True
     """
+    if isinstance(array, jax.Array) and not array.is_fully_addressable:
+        # Spread over processes (jax.distributed): every process gathers the whole value, in
+        # the same order, so that each computes the same checksum.
+        from jax.experimental import multihost_utils
+
+        array = multihost_utils.process_allgather(array, tiled=True)
     host = np.ascontiguousarray(np.asarray(array))
     return hashlib.sha256(host.reshape(-1).view(np.uint8)).hexdigest()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from . import _trace
@@ -19,6 +20,7 @@ from ._grad import is_differentiable
 from ._jit import jit
 from ._module import _is_variable, named_targets, variable_tree
 from ._optimizer_state import legacy_order, state_layout, state_names, unique
+from ._placement import is_multi_device, replicated
 from ._variable import Variable, refuse_view
 
 # Every live Optimizer, to find the names its state variables had before they were named
@@ -129,6 +131,7 @@ class Optimizer:
         self._legacy_names: tuple[str, ...] = ()
         self._full_structure: Any = None
         self._shapes: list[tuple[int, ...]] = []
+        self._spread = False
         # The variables `apply` has warned about getting no gradient for.
         self._warned_no_gradient: set[Variable] = set()
         _optimizers.add(self)
@@ -177,10 +180,14 @@ class Optimizer:
         self._state_owners = tuple(None if o is None else index[o] for _, o, _ in layout)
         self._state_names = tuple(state_names(layout))
         leaves, self._state_treedef = jax.tree.flatten(state)
+        placements = _state_placements(self._params, self._state_owners, leaves)
         self._state = tuple(
-            Variable(leaf, trainable=False, name=f"{self._name}/{name}")
-            for name, leaf in zip(self._state_names, leaves, strict=True)
+            Variable(leaf, trainable=False, name=f"{self._name}/{name}", device=placement)
+            for name, leaf, placement in zip(self._state_names, leaves, placements, strict=True)
         )
+        spread = [p.sharding for p in self._params if is_multi_device(p.sharding)]
+        if spread and self._iterations.sharding.device_set != spread[0].device_set:
+            self._iterations.reshard(replicated(spread[0]))
         self._learning_rate = self._find_learning_rate(layout)
         order = legacy_order(self._tx, values, self._param_names)
         self._legacy_names = tuple(f"{self._name}/{position}" for position in order or ())
@@ -196,6 +203,7 @@ class Optimizer:
             else None
         )
         self._shapes = [v.shape for v in self._params]
+        self._spread = any(is_multi_device(v.sharding) for v in self._params)
         self._built = True
 
     def _find_learning_rate(self, layout: list) -> tuple[Variable | None, bool]:
@@ -438,9 +446,12 @@ class Optimizer:
     def _apply_flat(self, flat: list[Any]) -> None:
         if _trace.innermost() is not None:
             self._apply_traced(*flat)
-        else:
-            # Arrays as separate arguments take statevar.jit's fast path for array calls.
-            self._compiled_apply(*flat)
+            return
+        if self._spread:
+            # A gradient committed elsewhere than its sharded parameter is copied there.
+            flat = list(map(_placed, flat, self._params))
+        # Arrays as separate arguments take statevar.jit's fast path for array calls.
+        self._compiled_apply(*flat)
 
     def _apply_traced(self, *grads: Any) -> None:
         names = self._param_names
@@ -477,3 +488,33 @@ class Optimizer:
 
 
 _shape_of = operator.attrgetter("shape")
+
+
+def _state_placements(
+    params: tuple[Variable, ...], owners: tuple[int | None, ...], leaves: list[Any]
+) -> list[Any]:
+    """Where each state variable goes: a leaf of its parameter's shape takes the parameter's
+    sharding; any other leaf (a count, a scalar) is replicated on the parameters' mesh.
+    None (the default placement) when no parameter spans several devices."""
+    spread = [p.sharding for p in params if is_multi_device(p.sharding)]
+    if not spread:
+        return [None] * len(leaves)
+    placements = []
+    for owner, leaf in zip(owners, leaves, strict=True):
+        param = params[owner] if owner is not None else None
+        if param is not None and tuple(np.shape(leaf)) == param.shape:
+            placements.append(param.sharding)
+        else:
+            placements.append(replicated(param.sharding if param is not None else spread[0]))
+    return placements
+
+
+def _placed(gradient: Any, param: Variable) -> Any:
+    """A gradient committed elsewhere than its parameter is copied to the parameter's
+    sharding, so that the compiled update runs where the parameter lives."""
+    if isinstance(gradient, jax.Array) and not isinstance(gradient, jax.core.Tracer):
+        sharding = param._value.sharding
+        if gradient.committed and gradient.sharding != sharding:
+            if gradient.shape == param.shape:
+                return jax.device_put(gradient, sharding)
+    return gradient

@@ -10,6 +10,7 @@ reference count, calibrated below against the same access pattern.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -19,6 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Sharding
+
+from ._placement import is_explicit, pin
 
 # Guards every variable's array: eager updates and reads, and `statevar.jit` calls, which
 # read, donate and replace many variables at once. One reentrant lock (rather than one per
@@ -98,6 +102,45 @@ UPDATES: dict[str, tuple[Callable, Callable]] = {
 }
 
 copy_array = jax.jit(jnp.copy)
+
+
+@functools.cache
+def pinned_updates(operation: str, sharding: Sharding) -> tuple[Callable, Callable]:
+    """Returns (donating, copying) jitted versions of an update for a variable over several
+    devices, whose results keep its ``sharding`` and reuse its buffers shard by shard,
+    whatever the placement of the value (which plain jit would let decide the result's)."""
+    pure = PURE[operation]
+
+    if operation == "setitem":
+        explicit = is_explicit(sharding)
+
+        def constrained(old: Any, value: Any, dynamic: tuple, static: tuple) -> jax.Array:
+            index = rebuild_index(static, dynamic)
+            unsharded = jax.ShapeDtypeStruct(old.shape, old.dtype)
+            part = _fit(value, jax.eval_shape(lambda x: x[index], unsharded))
+            if explicit:  # a scatter's result sharding must be given on Explicit axes
+                return old.at[index].set(part, out_sharding=sharding)
+            return pin(old.at[index].set(part), sharding)
+
+    elif operation == "assign":
+
+        def constrained(old: Any, value: Any) -> jax.Array:
+            new = pin(_fit(value, old), sharding)
+            return pin(lax.dynamic_update_slice(old, new, (0,) * old.ndim), sharding)
+
+    else:
+
+        def constrained(old: Any, value: Any, *index: Any) -> jax.Array:
+            return pin(pure(old, pin(_fit(value, old), sharding), *index), sharding)
+
+    def counted(*args: Any) -> jax.Array:
+        trace_counts[operation] = trace_counts.get(operation, 0) + 1
+        return constrained(*args)
+
+    kwargs: dict[str, Any] = {"out_shardings": sharding}
+    if operation == "setitem":
+        kwargs["static_argnums"] = 3
+    return jax.jit(counted, donate_argnums=0, **kwargs), jax.jit(counted, **kwargs)
 
 
 def fresh(value: Any, like: jax.Array) -> jax.Array:

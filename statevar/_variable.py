@@ -29,18 +29,66 @@ _state_lock = _update.state_lock
 _acquire, _release = _state_lock.acquire, _state_lock.release
 _settings = _placement._settings
 
-# Counts changes of any variable's trainable flag; when it moves, `statevar.jit` checks
-# whether the flags its traces were made for still hold.
-trainable_epoch = [0]
+# Counts changes of any variable's trainable flag or sharding; when it moves,
+# `statevar.jit` checks whether the flags and shardings its traces were made for still hold.
+trainable_epoch = placement_epoch = [0]
+
+
+def compile_flags(variables: tuple[Variable, ...]) -> tuple:
+    """What a compiled step's trace depends on beyond shapes and dtypes: each variable's
+    trainable flag (gradients) and sharding (the trace pins each output to it)."""
+    return tuple((v._trainable, _placement.sharding_key(v._value.sharding)) for v in variables)
+
+
+def keep_sharding(variable: Variable, value: Any) -> Any:
+    """Inside `statevar.jit`'s trace, pins a variable's new value to the variable's sharding
+    when it spans several devices: the compiled step then updates it in place, shard by
+    shard, whatever the placement of what was assigned."""
+    sharding = variable._value.sharding
+    if _placement.is_multi_device(sharding):
+        return _placement.pin(value, sharding)
+    return value
+
+
+def _is_initializer(value: Any) -> bool:
+    return callable(value) and not isinstance(value, jax.Array | np.ndarray | Variable)
+
+
+def _target_sharding(
+    label: str, shape: tuple[int, ...], sharding: Any, device: Any, initial_value: Any
+) -> jax.sharding.Sharding | jax.Device:
+    """Where a new variable goes: ``sharding=`` (or a Sharding given as ``device=``), else
+    ``device=``, else the sharding of an array spread over several devices, else the
+    innermost `statevar.mesh` scope (by its rules) or `statevar.device` scope, else JAX's
+    default device. Checks a sharding fits before anything is created."""
+    action = f"Cannot create Variable '{label}'"
+    if sharding is not None:
+        if callable(sharding) and not isinstance(sharding, jax.sharding.Sharding):
+            sharding = sharding(label, tuple(shape))
+        return _placement.resolve_sharding(sharding, shape, action)
+    if device is not None:
+        return _placement.resolve(device, what=f"Variable '{label}'", stacklevel=3)
+    if is_concrete_array(initial_value) and _placement.is_multi_device(initial_value.sharding):
+        if initial_value.committed:
+            return initial_value.sharding
+    scope = _placement.current_scope()
+    if isinstance(scope, _placement.MeshScope):
+        _, spec = _placement.rule_spec(scope.rules, label)
+        if callable(spec) and not isinstance(spec, jax.sharding.Sharding):
+            spec = spec(label, tuple(shape))
+        return _placement.resolve_sharding(spec, shape, action, scope.mesh)
+    return scope or _default_device()
 
 
 def _default_device() -> jax.Device:
+    # A local device: under jax.distributed, another process's devices come first in
+    # jax.devices() on every process but the first.
     configured = jax.config.jax_default_device
     if isinstance(configured, jax.Device):
         return configured
     if isinstance(configured, str):
-        return jax.devices(configured)[0]
-    return jax.devices()[0]
+        return jax.local_devices(backend=configured)[0]
+    return jax.local_devices()[0]
 
 
 class Variable:
@@ -53,21 +101,33 @@ class Variable:
     second copy; an array read earlier is never deleted or changed by a later update.
 
     Args:
-      initial_value: anything ``jnp.asarray`` accepts, or another Variable. It is always
-        copied: the variable never shares memory with it.
+      initial_value: anything ``jnp.asarray`` accepts, another Variable, or a callable
+        taking no arguments that returns the value (``lambda: jax.random.normal(key,
+        shape)``), which is then computed directly with the variable's sharding. It is
+        always copied: the variable never shares memory with it. An array spread over
+        several devices keeps its sharding unless ``sharding=`` or ``device=`` is given.
       trainable: whether `statevar.grad` differentiates with respect to this variable.
       name: a name for messages, summaries and checkpoints. Without one, a variable held
         by a `statevar.Module` is known by its path in the module tree (``"layers/0/kernel"``),
         any other by ``"Variable"``.
       dtype: the dtype; inferred as JAX infers it when omitted (``1`` gives int32, ``1.0``
         float32).
-      device: ``"cpu:0"``, ``"gpu:0"`` or a `jax.Device`; defaults to the innermost
-        `statevar.device` scope, then JAX's default device.
+      device: ``"cpu:0"``, ``"gpu:0"``, a `jax.Device` or a `jax.sharding.Sharding`;
+        defaults to the innermost `statevar.device` or `statevar.mesh` scope, then JAX's
+        default device.
+      sharding: a `jax.sharding.Sharding`, a `jax.sharding.PartitionSpec`, or a tuple of
+        mesh axis names per dimension (None for a replicated dimension), resolved against
+        the innermost `statevar.mesh`, or a callable ``(name, shape) -> spec``; not with
+        ``device=``. The sharding is fixed like the shape: every update
+        keeps it and runs in place, shard by shard; only `reshard` moves the variable.
 
     Raises:
-      TypeError: if ``initial_value`` is not numeric or cannot be converted to ``dtype``.
+      TypeError: if ``initial_value`` is not numeric or cannot be converted to ``dtype``,
+        or both ``device`` and ``sharding`` are given.
       TraceContextError: if created while `statevar.jit` or `statevar.grad` traces.
-      PlacementError: if ``device`` does not exist and soft placement is off.
+      PlacementError: if ``device`` does not exist and soft placement is off, or the
+        sharding does not fit (an axis the mesh lacks, a dimension the axis does not
+        divide, a spec longer than the rank, a spec without a mesh to resolve it).
 
     Example:
       >>> import statevar
@@ -87,7 +147,8 @@ class Variable:
         trainable: bool = True,
         name: str | None = None,
         dtype: jax.typing.DTypeLike | None = None,
-        device: str | jax.Device | None = None,
+        device: str | jax.Device | jax.sharding.Sharding | None = None,
+        sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None = None,
     ):
         label = name if name is not None else "Variable"
         if name is not None and not isinstance(name, str):
@@ -95,6 +156,32 @@ class Variable:
         _trace.check_creation(label)
         if isinstance(initial_value, Variable):
             initial_value = initial_value._read()
+        if sharding is not None and device is not None:
+            raise TypeError(
+                f"Cannot create Variable '{label}' with both device= and sharding=: pass one"
+            )
+        if isinstance(device, jax.sharding.Sharding):
+            device, sharding = None, device
+        if _is_initializer(initial_value):
+            # Created directly with its sharding, never whole on one device first.
+            try:
+                abstract = jax.eval_shape(initial_value)
+            except Exception as error:
+                raise DtypeMismatchError(
+                    f"Cannot create Variable '{label}' from the callable {initial_value!r}: {error}"
+                ) from error
+            if not hasattr(abstract, "shape"):
+                raise DtypeMismatchError(
+                    f"Cannot create Variable '{label}': its initial value callable returns "
+                    f"{type(abstract).__name__}, expected one array"
+                )
+            target = _target_sharding(label, abstract.shape, sharding, device, None)
+            if isinstance(target, jax.sharding.Sharding):
+                initial_value = jax.jit(initial_value, out_shardings=target)()
+            else:
+                initial_value = initial_value()
+        else:
+            target = None
         check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
         if isinstance(initial_value, Tracer):
             raise TraceContextError(
@@ -109,6 +196,11 @@ class Variable:
                     f"Cannot create Variable '{label}' with dtype {dtype!r}: {error}"
                 ) from None
             check_initial_conversion(initial_value, requested, label)
+        if target is None:
+            # Checked before anything is copied to a device: a bad request changes nothing.
+            target = _target_sharding(
+                label, np.shape(initial_value), sharding, device, initial_value
+            )
         try:
             value = jnp.array(initial_value, dtype=dtype, copy=True)
         except OverflowError:
@@ -130,16 +222,14 @@ class Variable:
         if value.weak_type:
             # A variable's dtype is fixed: Python scalars give a strongly typed array.
             value = jnp.array(value, dtype=value.dtype)
-        if device is not None:
-            placed_on = _placement.resolve(device, what=f"Variable '{label}'", stacklevel=2)
-        else:
-            placed_on = _placement.current_device() or _default_device()
         self._name = name
         self._trainable = bool(trainable)
         # Signatures of the updates this variable has run: JAX's fast path for their calls.
         self._compiled: set[Any] = set()
-        self._value: jax.Array = jax.device_put(value, placed_on)
-        _placement.log(label, "create", placed_on)
+        # A copy on the device, then put on the sharding: a NumPy value put straight onto a
+        # sharding can alias host memory, and the next donated update would not be in place.
+        self._value: jax.Array = jax.device_put(value, target)
+        _placement.log(label, "create", target)
 
     # ----------------------------------------------------------------- properties
 
@@ -189,14 +279,68 @@ class Variable:
         return self._value.size
 
     @property
-    def device(self) -> jax.Device:
-        """The device the variable lives on."""
-        return next(iter(self._value.devices()))
+    def device(self) -> jax.Device | jax.sharding.Sharding:
+        """The device the variable lives on; its Sharding if it spans several devices, as
+        `jax.Array.device` gives."""
+        sharding = self._value.sharding
+        if _placement.is_multi_device(sharding):
+            return sharding
+        return next(iter(sharding.device_set))
 
     @property
     def sharding(self) -> jax.sharding.Sharding:
-        """The sharding of the variable's array."""
+        """The sharding of the variable's array, fixed at creation (see `reshard`)."""
         return self._value.sharding
+
+    def reshard(
+        self, sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None
+    ) -> Variable:
+        """Moves the variable to another sharding (or device): the only update that does.
+
+        Copies the value onto the new sharding; nothing is donated, so arrays read earlier
+        stay valid, on their old placement. Compiled functions reading the variable trace
+        again for the new sharding.
+
+        Args:
+          sharding: a `jax.sharding.Sharding` or `jax.Device`, or a PartitionSpec or tuple
+            of axis names (None for replicated) resolved against the innermost
+            `statevar.mesh`.
+
+        Returns:
+          The variable itself.
+
+        Raises:
+          PlacementError: if the sharding does not fit the variable (see `Variable`).
+          TraceContextError: inside `statevar.jit` or `statevar.grad`.
+
+        Example:
+          >>> import jax
+          >>> import statevar
+          >>> w = statevar.Variable(jax.numpy.zeros((8, 2)), name="w")
+          >>> with statevar.mesh(jax.make_mesh((len(jax.devices()),), ("data",))):
+          ...     w = w.reshard(("data", None))
+          >>> w.sharding.spec
+          P('data', None)
+        """
+        if isinstance(sharding, jax.Device):
+            target: jax.sharding.Sharding = jax.sharding.SingleDeviceSharding(sharding)
+        else:
+            target = _placement.resolve_sharding(
+                sharding, self.shape, f"Cannot reshard Variable '{self.name}'"
+            )
+        if _trace.open_frames and _trace.innermost() is not None:
+            raise TraceContextError(
+                f"Cannot reshard Variable '{self.name}' inside statevar.jit or statevar.grad: "
+                "reshard it before the compiled step"
+            )
+        new = _placement.put(self._read(), target)
+        with _state_lock:
+            self._value = new
+            # Updates compiled for the old placement must not serve the new one.
+            self._compiled = set()
+        placement_epoch[0] += 1
+        _placement.log(self.name, "reshard", target)
+        return self
 
     # ----------------------------------------------------------------- reads
 
@@ -222,12 +366,28 @@ class Variable:
         return self._read()
 
     def numpy(self) -> np.ndarray:
-        """Returns a NumPy copy of the current value."""
-        return np.array(self._read())
+        """Returns a NumPy copy of the current value.
+
+        Raises:
+          ValueError: if the variable is spread over several processes (`jax.distributed`):
+            this process holds only its own shards.
+        """
+        return np.array(self._host_readable())
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        array = np.asarray(self._read(), dtype=dtype)
+        array = np.asarray(self._host_readable(), dtype=dtype)
         return array.copy() if copy else array
+
+    def _host_readable(self) -> jax.Array:
+        value = self._read()
+        if is_concrete_array(value) and not value.is_fully_addressable:
+            raise ValueError(
+                f"Cannot read Variable '{self.name}' into NumPy: it is spread over several "
+                "processes and this one holds only its own shards. Gather it first "
+                "(jax.experimental.multihost_utils.process_allgather(v.value)), or read "
+                "v.value.addressable_shards."
+            )
+        return value
 
     def __jax_array__(self) -> jax.Array:
         return self._read()
@@ -319,11 +479,17 @@ class Variable:
         variable's, as `convert_for_update` does for values."""
         action = f"Cannot set an item of Variable '{self.name}'"
 
+        # Over several devices: a mask takes the variable's sharding, other indices are
+        # replicated.
+        own = self._value.sharding
+        other = _placement.replicated(own)
+
         def place(part: Any) -> Any:
             if is_concrete_array(part):
                 check_not_deleted(part, action, what="index")
-                if part.sharding != self._value.sharding:
-                    return jax.device_put(part, self._value.sharding)
+                sharding = own if part.shape == self.shape else other
+                if part.sharding != sharding:
+                    return jax.device_put(part, sharding)
             return part
 
         return tuple(map(place, index)) if isinstance(index, tuple) else place(index)
@@ -410,7 +576,14 @@ class Variable:
             signature = _update.signature(operation, value, index)
         elif signature == (operation, False):
             signature = operation  # the key the hot path looks for
-        donating, copying = _UPDATES[operation]
+        sharding = self._value.sharding
+        if _placement.is_multi_device(sharding):
+            # Pinned to the variable's sharding whatever the value's placement, and never
+            # the bare operation the hot path looks for.
+            donating, copying = _update.pinned_updates(operation, sharding)
+            signature = (signature, sharding)
+        else:
+            donating, copying = _UPDATES[operation]
         with _state_lock:
             update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
@@ -546,7 +719,7 @@ class Variable:
 
     def __deepcopy__(self, memo: dict) -> Variable:
         copied = Variable(
-            self._read(), trainable=self._trainable, name=self._name, device=self.device
+            self._read(), trainable=self._trainable, name=self._name, device=self.sharding
         )
         copied._path = self._path
         return copied
@@ -657,7 +830,10 @@ def _colocate(a: Any, b: Any) -> tuple[Any, Any]:
     if scope is not None:
         return tuple(jax.device_put(x, scope) if is_concrete_array(x) else x for x in (a, b))
     if is_concrete_array(a) and is_concrete_array(b) and a.sharding != b.sharding and b.committed:
-        b = jax.device_put(b, a.sharding)
+        sharding = a.sharding
+        if b.shape != a.shape and _placement.is_multi_device(sharding):
+            sharding = _placement.replicated(sharding)  # a broadcast operand: replicated
+        b = jax.device_put(b, sharding)
     return a, b
 
 

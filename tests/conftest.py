@@ -1,9 +1,9 @@
-"""Test setup: several CPU devices, so placement tests run without a GPU."""
+"""Test setup: eight CPU devices, so placement and sharding tests run without a GPU."""
 
 import jax
 import pytest
 
-jax.config.update("jax_num_cpu_devices", 4)
+jax.config.update("jax_num_cpu_devices", 8)
 
 import statevar  # noqa: E402
 

@@ -212,3 +212,26 @@ def test_train_scan_rejects_a_step_count_that_is_not_a_multiple_of_the_chunk(cap
         example.main(["--steps", "15", "--steps-per-call", "10"])
 
     assert "--steps must be a multiple of --steps-per-call" in capsys.readouterr().err
+
+
+def test_train_sharded_matches_one_device(capsys):
+    results = load_example("train_sharded").main(["--steps", "6", "--batch", "16"])
+    single_losses, single_params = results["single"]
+    for strategy in ("data_parallel", "fsdp"):
+        losses, params = results[strategy]
+        np.testing.assert_allclose(losses, single_losses, rtol=1e-5, atol=1e-5)
+        for name, value in params.items():
+            np.testing.assert_allclose(value, single_params[name], rtol=1e-5, atol=1e-5)
+    assert single_losses[-1] < single_losses[0]
+    out = capsys.readouterr().out
+    assert f"{len(jax.devices())} devices: cpu" in out
+    assert "fsdp: loss" in out and "data_parallel: loss" in out
+
+
+def test_train_sharded_rejects_a_batch_the_devices_do_not_divide(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_example("train_sharded").main(["--batch", "12"])
+    assert exit_info.value.code == 2
+    assert f"--batch 12 must be a multiple of the {len(jax.devices())} devices" in (
+        capsys.readouterr().err
+    )

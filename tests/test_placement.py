@@ -1,5 +1,5 @@
 """Tests of placement: ``device=``, `statevar.device` scopes, soft placement and placement
-logging. conftest gives this machine four CPU devices, cpu:0 to cpu:3."""
+logging. conftest gives this machine eight CPU devices, cpu:0 to cpu:7."""
 
 import copy
 import logging
@@ -35,7 +35,7 @@ _MISSING = [
     pytest.param(
         "/device:GPU:0", marks=pytest.mark.skipif(_HAS_GPU, reason="this machine has gpu:0")
     ),
-    "cpu:4",
+    "cpu:8",
     "gpu:99",
 ]
 
