@@ -272,7 +272,13 @@ class JitFunction:
             if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
                 arrays = _update.copy_shared(arrays)
             found = entry.found
-            previous = (*arrays, *(v._value for v in found.written_unlifted))
+            # The arrays to put back if the call turns out to have been traced; a warm entry
+            # lifts every variable it writes, so its own arrays are all of them.
+            previous = (
+                (*arrays, *(v._value for v in found.written_unlifted))
+                if found.written_unlifted
+                else arrays
+            )
             returned = _Returned()
             if not entry.warm:  # refused before anything is donated
                 self._check_devices(entry, arrays, dynamic)
