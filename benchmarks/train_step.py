@@ -108,12 +108,11 @@ def statevar_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
     return step
 
 
-def jax_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
-    tx = optax.sgd(LEARNING_RATE)
-
-    def loss_fn(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
-        hidden = jax.nn.relu(x @ params["kernel_1"] + params["bias_1"])
-        return jnp.mean((hidden @ params["kernel_2"] + params["bias_2"] - y) ** 2)
+def pure_jax_step(
+    tx: optax.GradientTransformation, loss_fn: Callable, params: Any
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """A hand-written training step in pure JAX: one donated ``jax.jit`` of the loss's
+    gradient and the optax update, its state held in a list between calls."""
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def pure_step(params, opt_state, x, y):
@@ -121,7 +120,6 @@ def jax_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    params = initial_mlp_params()
     state = [params, tx.init(params)]
 
     def step(x: jax.Array, y: jax.Array) -> jax.Array:
@@ -129,6 +127,16 @@ def jax_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
         return loss
 
     return step
+
+
+def jax_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
+    tx = optax.sgd(LEARNING_RATE)
+
+    def loss_fn(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+        hidden = jax.nn.relu(x @ params["kernel_1"] + params["bias_1"])
+        return jnp.mean((hidden @ params["kernel_2"] + params["bias_2"] - y) ** 2)
+
+    return pure_jax_step(tx, loss_fn, initial_mlp_params())
 
 
 def nnx_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -345,20 +353,7 @@ def statevar_transformer_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
 def jax_transformer_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
     tx = optax.adam(LEARNING_RATE)
 
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def pure_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(transformer_loss)(params, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    params = initial_transformer_params()
-    state = [params, tx.init(params)]
-
-    def step(x: jax.Array, y: jax.Array) -> jax.Array:
-        state[0], state[1], loss = pure_step(state[0], state[1], x, y)
-        return loss
-
-    return step
+    return pure_jax_step(tx, transformer_loss, initial_transformer_params())
 
 
 def nnx_transformer_step() -> Callable[[jax.Array, jax.Array], jax.Array]:

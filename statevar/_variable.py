@@ -556,7 +556,8 @@ class Variable:
                 and value.aval == current.aval
                 and (not value._committed or value.sharding == current.sharding)
             ):
-                signature: Any = (operation, value._committed)
+                # An uncommitted value: the bare operation, the key the hot path looks for.
+                signature: Any = (operation, "committed") if value._committed else operation
             else:
                 value = convert_for_update(value, self, operation)
                 signature = None
@@ -574,8 +575,6 @@ class Variable:
             return self
         if signature is None:
             signature = _update.signature(operation, value, index)
-        elif signature == (operation, False):
-            signature = operation  # the key the hot path looks for
         sharding = self._value.sharding
         if _placement.is_multi_device(sharding):
             # Pinned to the variable's sharding whatever the value's placement, and never
