@@ -29,7 +29,9 @@ from ._variable import Variable, View
 # Bound once: a compiled call is a hot path.
 _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
 _consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
+_flatten = itertools.chain.from_iterable
 _setattr = setattr
+_acquire, _release = _update.state_lock.acquire, _update.state_lock.release
 _trainable_epoch = _variable.trainable_epoch  # a one-item list, updated in place
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 # The exact types of the concrete (non-tracer) array arguments seen so far; the fast path of
@@ -55,6 +57,7 @@ class _Entry:
         "epoch",
         "refs",
         "warm",
+        "call",
     )
 
     def __init__(
@@ -83,6 +86,8 @@ class _Entry:
         self.refs = refs
         # Whether the call has run once: later calls take JAX's C++ fast path.
         self.warm = False
+        # Once warm: the lean call for the current epoch and trace (see `_warm_call`).
+        self.call: Callable[[tuple[Any, ...]], Any] | None = None
 
 
 class _Found:
@@ -181,11 +186,11 @@ class JitFunction:
         """
         key, entry, dynamic = self._prepare(args, kwargs)
         arrays = [v._value for v in entry.lifted]
-        self._check_devices(entry, arrays, dynamic)
+        self._check_devices(entry.lifted, arrays, dynamic)
         return entry.jitted.lower(arrays, dynamic)
 
-    def _check_devices(self, entry: _Entry, arrays: list, dynamic: tuple) -> None:
-        named = [(f"Variable {v.name!r}", a) for v, a in zip(entry.lifted, arrays, strict=True)]
+    def _check_devices(self, lifted: tuple[Variable, ...], arrays: list, dynamic: tuple) -> None:
+        named = [(f"Variable {v.name!r}", a) for v, a in zip(lifted, arrays, strict=True)]
         named += [(f"argument {i}", a) for i, a in enumerate(dynamic)]
         _placement.check_same_devices(f"The statevar.jit function {self.__name__!r}", named)
 
@@ -281,21 +286,10 @@ class JitFunction:
             )
             returned = _Returned()
             if not entry.warm:  # refused before anything is donated
-                self._check_devices(entry, arrays, dynamic)
+                self._check_devices(entry.lifted, arrays, dynamic)
             try:
                 if entry.warm:
-                    # The compiled call (JAX's C++ fast path) returns the variables' new
-                    # values, then the result; the same C call chain stores each where it
-                    # belongs, so no bytecode (where an exception such as KeyboardInterrupt
-                    # can land) comes between the donation and the stores.
-                    _consume(
-                        map(
-                            _setattr,
-                            itertools.chain(found.targets, (returned,)),
-                            found.attributes,
-                            itertools.chain.from_iterable(map(entry.jitted, (arrays,), (dynamic,))),
-                        )
-                    )
+                    _store(found, returned, entry.jitted, arrays, dynamic)
                 else:
                     # The first call traces, compiles and runs Python code after donating:
                     # hold the signal handlers until the new values are stored.
@@ -307,7 +301,7 @@ class JitFunction:
                         _consume(map(_setattr, targets, found.attributes, outputs))
                     entry.warm = True
             except Exception as error:
-                raise self._failed_call(entry, arrays, error, dynamic) from error
+                raise self._failed_call(entry.lifted, arrays, error, dynamic) from error
             if found.targets and isinstance(found.targets[0]._value, Tracer):
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer. (A first
@@ -330,16 +324,20 @@ class JitFunction:
             self._entries[key] = self._compile(
                 entry.split, (*entry.extra, *entry.found.unlifted), entry.refs
             )
+        elif entry.warm:
+            made_for = None if entry.call is None else entry.call.made_for  # type: ignore[attr-defined]
+            if made_for is None or made_for[0] != entry.epoch or made_for[1] is not found.targets:
+                entry.call = _warm_call(self, key, entry)
         return result
 
     def _failed_call(
-        self, entry: _Entry, arrays: list[jax.Array], error: Exception, dynamic: tuple = ()
+        self, lifted: tuple[Variable, ...], arrays: list, error: Exception, dynamic: tuple = ()
     ) -> Exception:
         """The error to raise when a compiled call failed; no variable has changed."""
-        deleted = [v for v, a in zip(entry.lifted, arrays, strict=True) if a.is_deleted()]
+        deleted = [v for v, a in zip(lifted, arrays, strict=True) if a.is_deleted()]
         if not deleted:
             try:
-                self._check_devices(entry, arrays, dynamic)
+                self._check_devices(lifted, arrays, dynamic)
             except PlacementError as refused:
                 return refused
             return error
@@ -434,6 +432,77 @@ class JitFunction:
         # place (JAX would otherwise prune the unread argument and its donation).
         jitted = jax.jit(pure, donate_argnums=0, **{"keep_unused": True, **self._jit_kwargs})
         return _Entry(lifted, jitted, split, extra, refs, found)
+
+
+def _store(found: _Found, box: _Returned, jitted: Callable, arrays: list, dynamic: tuple) -> None:
+    """Calls a warm entry's compiled function, donating ``arrays``, and stores its outputs.
+
+    The compiled call (JAX's C++ fast path) returns the variables' new values, then the
+    result; the same C call chain makes the call and stores each output where it belongs
+    (each variable's ``_value``, then ``box.value``), so no bytecode (where an exception such
+    as KeyboardInterrupt can land) comes between the donation and the stores.
+    """
+    _consume(
+        map(
+            _setattr,
+            itertools.chain(found.targets, (box,)),
+            found.attributes,
+            _flatten(map(jitted, (arrays,), (dynamic,))),
+        )
+    )
+
+
+def _warm_call(function: JitFunction, key: Any, entry: _Entry) -> Callable[[tuple], Any]:
+    """Returns the lean call of a warm entry: the hot path of a compiled step.
+
+    It does what `JitFunction._run` does for a warm entry, with everything fixed between
+    calls bound once: the variables, the compiled function and where its outputs go (the
+    targets, then a result box reused by every call, read and cleared under the lock). It
+    holds neither the entry nor the function (a reference cycle would free them only when
+    the garbage collector runs): it refers to the function weakly, and hands the call to
+    `_run` when the trainable epoch or the trace changed since it was made (``call.made_for``).
+    """
+    function_ref = weakref.ref(function)
+    lifted, jitted, found = entry.lifted, entry.jitted, entry.found
+    made_for = epoch, made_targets = entry.epoch, found.targets
+    box = _Returned()
+    targets, attributes = (*found.targets, box), found.attributes
+    first_target = found.targets[0] if found.targets else None
+
+    def call(dynamic: tuple[Any, ...]) -> Any:
+        if _trainable_epoch[0] != epoch or found.targets is not made_targets:
+            compiled = function_ref()
+            return compiled._run(key, compiled._entries[key], dynamic)  # type: ignore[union-attr]
+        # Acquired inside the try, so that an exception landing right after acquiring still
+        # releases (see `Variable.assign`).
+        try:
+            _acquire()
+            arrays = [v._value for v in lifted]
+            # One pass in C for the common case: every array held by its variable alone.
+            if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
+                arrays = _update.copy_shared(arrays)
+            try:
+                # As `_store`, with the targets and the box bound once.
+                _consume(
+                    map(_setattr, targets, attributes, _flatten(map(jitted, (arrays,), (dynamic,))))
+                )
+            except Exception as error:
+                failed = function_ref()._failed_call  # type: ignore[union-attr]
+                raise failed(lifted, arrays, error, dynamic) from error
+            result, box.value = box.value, None
+            if first_target is not None and isinstance(first_target._value, Tracer):
+                # Called inside jax.jit without traced arguments: traced, nothing donated.
+                _consume(map(_setattr, found.targets, attributes, arrays))
+                raise function_ref()._under_transformation()  # type: ignore[union-attr]
+        finally:
+            try:
+                _release()
+            except RuntimeError:
+                pass  # acquire itself was interrupted while waiting: nothing to release
+        return result
+
+    call.made_for = made_for  # type: ignore[attr-defined]
+    return call
 
 
 def _wrap(wrapper: Any, fn: Any) -> Any:
@@ -547,6 +616,9 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                 # without variables, modules or static arguments are compiled under it.
                 entry = entries.get(len(args))
                 if entry is not None:
+                    warm = entry.call
+                    if warm is not None:
+                        return warm(args)
                     return run(len(args), entry, args)
             else:
                 # Fast path for step(model, x) and methods: arrays, Variables and Modules
@@ -557,7 +629,10 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                     found = by_state.get((types, tuple(map(id, map(args.__getitem__, state)))))
                     if found is not None and all(s.unchanged() for s in found[1]):
                         key = found[0]
-                        return run(key, entries[key], tuple(map(args.__getitem__, arrays)))
+                        entry = entries[key]
+                        dynamic = tuple(map(args.__getitem__, arrays))
+                        warm = entry.call
+                        return run(key, entry, dynamic) if warm is None else warm(dynamic)
         return general(*args, **kwargs)
 
     if isinstance(fn, types.FunctionType):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -89,6 +90,62 @@ def _default_device() -> jax.Device:
     if isinstance(configured, str):
         return jax.local_devices(backend=configured)[0]
     return jax.local_devices()[0]
+
+
+def _eager_update(operation: str, doc: str) -> Callable[[Variable, Any], Variable]:
+    """Builds the method ``operation`` (``assign``, ``assign_add``, ``assign_sub``): the eager
+    hot path, with everything else left to `Variable._update`.
+
+    One body serves the three methods, each its own function, so a call costs one Python
+    frame. The hot path takes an array of the variable's own type, abstract value (shape,
+    dtype, strong type) and placement, for an update this variable has run before (JAX's
+    fast path), outside any trace: nothing to convert or check. Donates the old buffer when
+    nothing else holds it, else copies it: arrays read earlier stay valid. Atomic with
+    respect to exceptions raised at any bytecode (``KeyboardInterrupt``, a signal
+    handler's): the variable then holds its old or its new array, never a deleted one.
+    """
+    donating, copying = _UPDATES[operation]
+
+    def update(self: Variable, value: jax.typing.ArrayLike | Variable) -> Variable:
+        current = self._value
+        if (
+            type(value) is type(current)
+            and operation in self._compiled  # never for a View
+            and value.aval == current.aval  # type: ignore[union-attr]
+            and not value._committed  # type: ignore[union-attr]
+            and not _trace.open_frames
+        ):
+            del current  # a reference held here would make the array look shared
+            # Acquired inside the try, so that an exception landing right after acquiring
+            # still releases; cheaper than `with _state_lock`.
+            try:
+                _acquire()
+                kernel = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
+                old = self._value
+                try:
+                    # The iterator that the unpacking assignment consumes makes the call:
+                    # Python checks for signals at calls and loops, not between unpacking
+                    # and storing, so no exception can land between the donation and the
+                    # store of its result.
+                    (self._value,) = map(kernel, (old,), (value,))
+                except (RuntimeError, ValueError):
+                    return self._failed_update(operation, value, old)
+                if type(self._value) is not type(old):
+                    self._refuse_traced(operation, old)
+            finally:
+                try:
+                    _release()
+                except RuntimeError:
+                    pass  # acquire itself was interrupted while waiting: nothing to release
+            if _settings.log_placement:
+                _placement.log(self.name, operation, self.device)
+            return self
+        del current
+        return self._update(operation, value)
+
+    update.__name__ = update.__qualname__ = operation
+    update.__doc__ = doc
+    return update
 
 
 class Variable:
@@ -397,7 +454,9 @@ class Variable:
 
     # ----------------------------------------------------------------- updates
 
-    def assign(self, value: jax.typing.ArrayLike | Variable) -> Variable:
+    # The eager updates are built by `_eager_update` (one code body, no extra call): see there.
+    assign = _eager_update(
+        "assign",
         """Sets the variable to ``value``, in place.
 
         The value is converted to the variable's dtype when that is safe and broadcast to
@@ -413,22 +472,22 @@ class Variable:
         Raises:
           TypeError: if the conversion would lose information (1.5 into int32).
           ValueError: if the value does not broadcast to the variable's shape.
-        """
-        return self._update("assign", value)
-
-    def assign_add(self, delta: jax.typing.ArrayLike | Variable) -> Variable:
+        """,
+    )
+    assign_add = _eager_update(
+        "assign_add",
         """Adds ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
-        """
-        return self._update("assign_add", delta)
-
-    def assign_sub(self, delta: jax.typing.ArrayLike | Variable) -> Variable:
+        """,
+    )
+    assign_sub = _eager_update(
+        "assign_sub",
         """Subtracts ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
-        """
-        return self._update("assign_sub", delta)
+        """,
+    )
 
     def __setitem__(self, index: Any, value: jax.typing.ArrayLike | Variable) -> None:
         """Sets ``self[index]`` to ``value`` in place (``v[index] = value``).
@@ -495,60 +554,17 @@ class Variable:
         return tuple(map(place, index)) if isinstance(index, tuple) else place(index)
 
     def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
-        """Applies ``operation`` (a key of `_update.UPDATES`) in place: the eager hot path.
+        """Applies ``operation`` (a key of `_update.UPDATES`) in place: the general path.
 
-        A whole-variable update (``index`` None) validates ``value`` here; setitem and
-        setmask validate it against the indexed part first and pass their index operands.
-        Donates the old buffer when nothing else holds it, else copies it: arrays read
-        earlier stay valid. Atomic with respect to exceptions raised at any bytecode
+        Converts and checks ``value`` (a whole-variable update, ``index`` None; setitem and
+        setmask validate it against the indexed part first and pass their index operands),
+        records updates made while a transformation traces, and holds signal handlers
+        through JAX's first call for new argument types, which runs Python code after
+        donating. Donates the old buffer when nothing else holds it, else copies it: arrays
+        read earlier stay valid. Atomic with respect to exceptions raised at any bytecode
         (``KeyboardInterrupt``, a signal handler's): the variable then holds its old or its
         new array, never a deleted one.
         """
-        current = self._value
-        if (
-            index is None
-            and type(value) is type(current)
-            # An array of the variable's own type, abstract value (shape, dtype, strong type)
-            # and placement, for an update this variable has run before, outside any trace:
-            # JAX's fast path, with nothing to convert or check.
-            and value.aval == current.aval
-            and not value._committed
-            and operation in self._compiled
-            and not _trace.open_frames
-        ):
-            del current  # a reference held here would make the array look shared
-            donating, copying = _UPDATES[operation]
-            # Acquired inside the try, so that an exception landing right after acquiring still
-            # releases; cheaper than `with _state_lock`.
-            try:
-                _acquire()
-                update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
-                old = self._value
-                try:
-                    # The iterator that the unpacking assignment consumes makes the call:
-                    # Python checks for signals at calls and loops, not between unpacking
-                    # and storing, so no exception can land between the donation and the
-                    # store of its result.
-                    (self._value,) = map(update, (old,), (value,))
-                except (RuntimeError, ValueError):
-                    return self._failed_update(operation, value, old)
-                if type(self._value) is not type(old):
-                    self._refuse_traced(operation, old)
-            finally:
-                try:
-                    _release()
-                except RuntimeError:
-                    pass  # acquire itself was interrupted while waiting: nothing to release
-            if _settings.log_placement:
-                _placement.log(self.name, operation, self.device)
-            return self
-        del current
-        return self._update_checked(operation, value, index)
-
-    def _update_checked(self, operation: str, value: Any, index: tuple | None) -> Variable:
-        """`_update` for any value: converts and checks it, records updates made while a
-        transformation traces, and holds signal handlers through JAX's first call for new
-        argument types, which runs Python code after donating."""
         current = self._value
         if index is None:
             if (
@@ -748,6 +764,9 @@ class View(Variable):
     reads like the variable and refuses updates, which could never reach the variable;
     `statevar.jit` and `statevar.grad` never lift one.
     """
+
+    # No update is ever compiled for a view: each takes `_update`, which refuses it.
+    _compiled: frozenset = frozenset()
 
     def _read(self) -> Any:
         # Its own value, never a traced one: a view is not lifted, and is never updated.

@@ -810,3 +810,21 @@ def test_a_variable_the_step_only_writes_is_updated_in_place():
     # could not have reused its address: the same pointer means its buffer was donated.
     assert written._value.unsafe_buffer_pointer() == pointer
     chex.assert_trees_all_equal(written.value, jnp.full(4096, 3.0))
+
+
+def test_a_warm_step_called_with_new_shapes_keeps_updating():
+    # The same entry serves every shape of an array argument: JAX traces it again inside
+    # the warm call, and the lean call made for the earlier trace hands over to the new one.
+    total = statevar.Variable(0.0)
+
+    @statevar.jit
+    def add(x):
+        total.assign_add(x.sum())
+        return x * 2
+
+    add(jnp.ones(3))
+    add(jnp.ones(3))
+    chex.assert_trees_all_equal(add(jnp.ones(5)), jnp.full(5, 2.0))
+    add(jnp.ones(5))
+    add(jnp.ones(3))
+    assert float(total) == 19.0
