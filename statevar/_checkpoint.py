@@ -42,9 +42,10 @@ from ._manifest import (
     verify_values,
     write_manifest,
 )
-from ._module import Module, named_targets
+from ._module import Module
 from ._optim import legacy_names
 from ._placement import put
+from ._tree import named_targets
 from ._variable import Variable, refuse_view
 
 if TYPE_CHECKING:

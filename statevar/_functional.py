@@ -18,8 +18,7 @@ import jax.numpy as jnp
 
 from . import _trace
 from ._errors import DtypeMismatchError, ShapeMismatchError
-from ._grad import read_variables
-from ._module import _is_variable, variable_tree
+from ._tree import is_variable, read_variables, variable_tree
 from ._variable import Variable
 
 
@@ -106,7 +105,7 @@ def stateless_call(
       Array([1., 3., 5.], dtype=float32)
     """
     tree = variable_tree(target, "statevar.stateless_call's target")
-    variables, treedef = jax.tree.flatten(tree, is_leaf=_is_variable)
+    variables, treedef = jax.tree.flatten(tree, is_leaf=is_variable)
     try:
         leaves = treedef.flatten_up_to(values)
     except (ValueError, TypeError) as error:

@@ -7,10 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from . import _trace
-from ._module import Module, _is_variable, variable_tree
+from ._tree import Node, is_differentiable, is_variable, read_variables, variable_tree
 from ._variable import Variable
 
 
@@ -62,7 +61,7 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         tree = variable_tree(wrt, "statevar.grad's wrt")
-        leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_variable)
+        leaves, treedef = jax.tree.flatten(tree, is_leaf=is_variable)
         lifted = list(dict.fromkeys(v for v in leaves if is_differentiable(v)))
         outermost = _trace.innermost() is None
         while True:
@@ -91,7 +90,7 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
         # A variable the function never read gets None, as tf.GradientTape gives.
         by_variable = {v: g for v, g in zip(lifted, gradients, strict=True) if v in frame.read}
         grads = treedef.unflatten([by_variable.get(v) for v in leaves])
-        if isinstance(wrt, Module):
+        if isinstance(wrt, Node):
             # Keep the module's order (JAX rebuilds dicts with sorted keys).
             grads = {name: grads[name] for name in tree}
         return ((value, aux) if has_aux else value), grads
@@ -117,15 +116,3 @@ def grad(fn: Callable, wrt: Any) -> Callable:
         return value_and_gradient(*args, **kwargs)[1]
 
     return wrapped
-
-
-def is_differentiable(v: Variable) -> bool:
-    """Whether `statevar.grad` differentiates with respect to ``v``: trainable and inexact."""
-    return v.trainable and jnp.issubdtype(v.dtype, jnp.inexact)
-
-
-def read_variables(tree: Any) -> Any:
-    """Replaces every Variable in ``tree`` by its current (possibly traced) value."""
-    return jax.tree.map(
-        lambda x: x._read() if isinstance(x, Variable) else x, tree, is_leaf=_is_variable
-    )

@@ -21,10 +21,9 @@ from . import _placement, _trace, _update, _variable
 from ._closure import closure_variables, compiled_functions
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError
-from ._grad import read_variables
-from ._module import Module, Structure, variables_and_structure
 from ._signals import held_signals
-from ._variable import Variable, View
+from ._tree import Node, Structure, is_state, read_variables, variables_and_structure
+from ._variable import Variable
 
 # Bound once: a compiled call is a hot path.
 _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
@@ -37,11 +36,6 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 # The exact types of the concrete (non-tracer) array arguments seen so far; the fast path of
 # a call accepts arguments of these types only.
 _CONCRETE_TYPES: set[type] = {np.ndarray, bool, int, float, complex}
-
-
-def _is_state(x: Any) -> bool:
-    # A View is a snapshot of a value (see `_variable.View`): it is passed as its array.
-    return isinstance(x, (Variable, Module)) and not isinstance(x, View)
 
 
 class _Entry:
@@ -197,7 +191,7 @@ class JitFunction:
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[Any, _Entry, tuple[Any, ...]]:
         """Splits a call into the key of its entry, the entry (compiled on first use) and
         its array arguments."""
-        leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=_is_state)
+        leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_state)
         key_parts: list[Any] = [treedef]
         dynamic, arg_variables, fixed, structures = [], [], [], []
         flat = True  # no static argument among the leaves
@@ -211,7 +205,7 @@ class JitFunction:
             if isinstance(leaf, Variable):
                 arg_variables.append(leaf)
                 key_parts.append((position, id(leaf)))
-            elif isinstance(leaf, Module):
+            elif isinstance(leaf, Node):
                 variables, structure = variables_and_structure(leaf)
                 structures.append(structure)
                 arg_variables.extend(variables)
@@ -230,7 +224,7 @@ class JitFunction:
             held = [(position, _reference(leaf)) for position, leaf in fixed]
             entry = self._entries[key] = self._compile((treedef, held, arg_variables), ())
             for _, leaf in fixed:
-                if isinstance(leaf, Module):
+                if isinstance(leaf, Node):
                     weakref.finalize(leaf, _forget, weakref.ref(self), key)
         if (
             fixed
@@ -523,7 +517,7 @@ def _reference(argument: Any) -> Callable[[], Any]:
     its id, before the id can be reused. Anything else (a Variable, a static argument) is
     held: its id is in the entry's key.
     """
-    if isinstance(argument, Module):
+    if isinstance(argument, Node):
         return weakref.ref(argument)
     return lambda: argument
 

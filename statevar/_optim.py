@@ -16,11 +16,10 @@ import optax
 
 from . import _trace
 from ._errors import TraceContextError
-from ._grad import is_differentiable
 from ._jit import jit
-from ._module import _is_variable, named_targets, variable_tree
 from ._optimizer_state import legacy_order, state_layout, state_names, unique
 from ._placement import is_multi_device, replicated
+from ._tree import is_differentiable, is_variable, named_targets, variable_tree
 from ._variable import Variable, refuse_view
 
 # Every live Optimizer, to find the names its state variables had before they were named
@@ -166,7 +165,7 @@ class Optimizer:
                 "its state variables must be created outside. Build it before the compiled "
                 "step: Optimizer(tx, model), or optimizer.build(model.trainable_variables)"
             )
-        leaves, self._treedef = jax.tree.flatten(tree, is_leaf=_is_variable)
+        leaves, self._treedef = jax.tree.flatten(tree, is_leaf=is_variable)
         self._leaves = tuple(leaves)
         self._params = tuple(dict.fromkeys(v for v in leaves if is_differentiable(v)))
         first_name: dict[Variable, str] = {}
@@ -345,7 +344,7 @@ class Optimizer:
                 if shapes == self._shapes:
                     self._apply_flat(leaves)
                     return
-        leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or _is_variable(x))
+        leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or is_variable(x))
         if treedef != self._treedef:
             raise ValueError(
                 f"Expected gradients structured like the optimizer's variables, "

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from . import _placement
-from ._module import named_targets
+from ._tree import named_targets
 from ._variable import Variable
 
 

@@ -8,8 +8,8 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from ._module import Module
 from ._placement import describe
+from ._tree import Node, walk
 from ._variable import Variable
 
 _COLUMNS = ("path", "shape", "dtype", "trainable", "placement", "params", "bytes")
@@ -51,13 +51,13 @@ def placement(variable: Variable) -> str:
     return f"{layout}over {len(devices)} devices"
 
 
-def _rows(module: Module) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def _rows(module: Node) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Returns one row per sub-Module and variable, in attribute order, and the totals.
 
     A sub-Module's row holds the subtotal of the variables listed below it; each row has a
     ``depth`` (how many sub-Modules it is in) and a ``kind``.
     """
-    found = module._walk()
+    found = walk(module)[0]
     rows: list[dict[str, Any]] = []
     open_modules: list[dict[str, Any]] = []  # the sub-Module rows holding the current row
     totals = dict(variables=0, params=0, bytes=0, trainable_params=0, trainable_bytes=0)
@@ -65,7 +65,7 @@ def _rows(module: Module) -> tuple[list[dict[str, Any]], dict[str, int]]:
         while open_modules and not path.startswith(open_modules[-1]["path"] + "/"):
             open_modules.pop()
         depth = len(open_modules)
-        if isinstance(item, Module):
+        if isinstance(item, Node):
             row = dict(kind="module", path=path, type=type(item).__name__, depth=depth)
             row.update(params=0, bytes=0)
             rows.append(row)
@@ -121,7 +121,7 @@ def _totals_line(totals: dict[str, int]) -> str:
     )
 
 
-def summary_text(module: Module) -> str:
+def summary_text(module: Node) -> str:
     """Returns the plain-text table that `summary` prints where there is no terminal."""
     rows, totals = _rows(module)
     table = [list(_COLUMNS)] + [_cells(row) for row in rows]
@@ -139,7 +139,7 @@ def summary_text(module: Module) -> str:
     return "\n".join(text + [_totals_line(totals)]) + "\n"
 
 
-def _print_rich(module: Module, file: TextIO) -> None:
+def _print_rich(module: Node, file: TextIO) -> None:
     rows, totals = _rows(module)
     table = Table(title=type(module).__name__, title_justify="left")
     for column in _COLUMNS:
@@ -156,7 +156,7 @@ def _print_rich(module: Module, file: TextIO) -> None:
     console.print(_totals_line(totals), soft_wrap=True)
 
 
-def summary(module: Module, *, file: TextIO | None = None) -> None:
+def summary(module: Node, *, file: TextIO | None = None) -> None:
     """Prints a table of a Module's variables, like Keras's ``model.summary()``.
 
     One row per variable, in attribute order, by path (and explicit name, if it has one):
@@ -195,7 +195,7 @@ def summary(module: Module, *, file: TextIO | None = None) -> None:
       -----------------------------------------------------------------------
       Total: 4 params (16 B) in 3 variables; trainable 3 (12 B), non-trainable 1 (4 B)
     """
-    if not isinstance(module, Module):
+    if not isinstance(module, Node):
         raise TypeError(
             f"Expected statevar.summary's module to be a statevar.Module, got "
             f"{type(module).__name__}"
@@ -235,7 +235,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def module_repr(module: Module) -> str:
+def module_repr(module: Node) -> str:
     """Returns a Module's repr: its public attributes, variables by shape and dtype,
     sub-Modules nested, on one line when it fits and indented otherwise.
 
@@ -248,56 +248,60 @@ def module_repr(module: Module) -> str:
       >>> Dense()
       Dense(kernel=Variable(float32[2,1]), activation='relu')
     """
-    ancestors: set[int] = set()
+    return _render(_repr_tree(module, 0, set()), 0, 0)
 
-    # Each node is a str (a leaf) or (opening, [children], closing).
-    def node(value: Any, depth: int) -> Any:
-        if isinstance(value, Variable):
-            return _describe_variable(value)
-        if id(value) in ancestors:
-            return f"<cycle: {type(value).__name__}>"
-        if depth >= _REPR_DEPTH and isinstance(value, (Module, list, tuple, dict)):
-            return f"{type(value).__name__}(...)"
-        if isinstance(value, Module):
-            entries = [
-                (f"{key}=", item)
-                for key, item in vars(value).items()
-                if not key.startswith("_") or isinstance(item, (Variable, Module))
-            ]
-            opening, closing = f"{type(value).__name__}(", ")"
-        elif isinstance(value, dict):
-            entries = [(f"{key!r}: ", item) for key, item in value.items()]
-            opening, closing = "{", "}"
-        elif isinstance(value, (list, tuple)):
-            entries = [("", item) for item in value]
-            opening, closing = ("[", "]") if isinstance(value, list) else ("(", ")")
-        else:
-            return _short(value)
-        ancestors.add(id(value))
-        children = [(prefix, node(item, depth + 1)) for prefix, item in entries[:_REPR_ITEMS]]
-        ancestors.discard(id(value))
-        if len(entries) > _REPR_ITEMS:
-            children.append(("", f"... ({len(entries) - _REPR_ITEMS} more)"))
-        if isinstance(value, tuple) and len(entries) == 1 and not isinstance(value, Module):
-            closing = ",)"
-        return opening, children, closing
 
-    def flat(tree: Any) -> str:
-        if isinstance(tree, str):
-            return tree
-        opening, children, closing = tree
-        return opening + ", ".join(prefix + flat(child) for prefix, child in children) + closing
-
-    def render(tree: Any, level: int, column: int) -> str:
-        one_line = flat(tree)
-        if isinstance(tree, str) or column + len(one_line) <= _REPR_WIDTH or not tree[1]:
-            return one_line
-        opening, children, closing = tree
-        pad = "  " * (level + 1)
-        lines = [
-            f"{pad}{prefix}{render(child, level + 1, len(pad) + len(prefix))},"
-            for prefix, child in children
+def _repr_tree(value: Any, depth: int, ancestors: set[int]) -> Any:
+    """Returns a str (a leaf) or ``(opening, [(prefix, child)], closing)`` for `module_repr`;
+    ``ancestors`` holds the ids of the containers being described, to show cycles."""
+    if isinstance(value, Variable):
+        return _describe_variable(value)
+    if id(value) in ancestors:
+        return f"<cycle: {type(value).__name__}>"
+    if depth >= _REPR_DEPTH and isinstance(value, (Node, list, tuple, dict)):
+        return f"{type(value).__name__}(...)"
+    if isinstance(value, Node):
+        entries = [
+            (f"{key}=", item)
+            for key, item in vars(value).items()
+            if not key.startswith("_") or isinstance(item, (Variable, Node))
         ]
-        return "\n".join([opening, *lines, "  " * level + closing.lstrip(",")])
+        opening, closing = f"{type(value).__name__}(", ")"
+    elif isinstance(value, dict):
+        entries = [(f"{key!r}: ", item) for key, item in value.items()]
+        opening, closing = "{", "}"
+    elif isinstance(value, (list, tuple)):
+        entries = [("", item) for item in value]
+        opening, closing = ("[", "]") if isinstance(value, list) else ("(", ")")
+    else:
+        return _short(value)
+    ancestors.add(id(value))
+    children = [
+        (prefix, _repr_tree(item, depth + 1, ancestors)) for prefix, item in entries[:_REPR_ITEMS]
+    ]
+    ancestors.discard(id(value))
+    if len(entries) > _REPR_ITEMS:
+        children.append(("", f"... ({len(entries) - _REPR_ITEMS} more)"))
+    if isinstance(value, tuple) and len(entries) == 1 and not isinstance(value, Node):
+        closing = ",)"
+    return opening, children, closing
 
-    return render(node(module, 0), 0, 0)
+
+def _flat(tree: Any) -> str:
+    if isinstance(tree, str):
+        return tree
+    opening, children, closing = tree
+    return opening + ", ".join(prefix + _flat(child) for prefix, child in children) + closing
+
+
+def _render(tree: Any, level: int, column: int) -> str:
+    one_line = _flat(tree)
+    if isinstance(tree, str) or column + len(one_line) <= _REPR_WIDTH or not tree[1]:
+        return one_line
+    opening, children, closing = tree
+    pad = "  " * (level + 1)
+    lines = [
+        f"{pad}{prefix}{_render(child, level + 1, len(pad) + len(prefix))},"
+        for prefix, child in children
+    ]
+    return "\n".join([opening, *lines, "  " * level + closing.lstrip(",")])
