@@ -447,7 +447,9 @@ class Variable:
             and np.shape(_operand(value)) == ()
         ):
             # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
-            value = convert_for_update(value, self, "setitem", target_shape=())
+            value = convert_for_update(
+                _operand(value), self._value, self.name, "setitem", target_shape=()
+            )
             self._update("setmask", value, (index,))
             return
         static, dynamic = _update.split_index(index)
@@ -471,7 +473,9 @@ class Variable:
             target = jax.eval_shape(
                 lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)
             ).shape
-        value = convert_for_update(value, self, "setitem", target_shape=target)
+        value = convert_for_update(
+            _operand(value), self._value, self.name, "setitem", target_shape=target
+        )
         self._update("setitem", value, (dynamic, static))
 
     def _placed_index(self, index: Any) -> Any:
@@ -559,7 +563,7 @@ class Variable:
                 # An uncommitted value: the bare operation, the key the hot path looks for.
                 signature: Any = (operation, "committed") if value._committed else operation
             else:
-                value = convert_for_update(value, self, operation)
+                value = convert_for_update(_operand(value), current, self.name, operation)
                 signature = None
         else:
             signature = None
