@@ -9,17 +9,16 @@ every update; a rejected value raises before anything is donated.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer as Tracer
 
 from . import _trace
 from ._errors import DtypeMismatchError, ShapeMismatchError, TraceContextError
 from ._placement import is_multi_device, replicated
-
-Tracer = jax.core.Tracer
 
 # Dtype families, ordered so that a value converts safely into its own family or a later one.
 BOOL, INT, FLOAT, COMPLEX = range(4)
@@ -302,7 +301,7 @@ def _check_family(source: _Source, dtype: np.dtype, action: str) -> None:
     families = (
         ""
         if source.family is None
-        else f" ({FAMILY_NAMES[source.family]} into {FAMILY_NAMES[target]})"
+        else f" ({FAMILY_NAMES[source.family]} into {FAMILY_NAMES[cast(int, target)]})"
     )
     raise DtypeMismatchError(
         f"{action}: a value of dtype {source.described} cannot be converted safely to the "
