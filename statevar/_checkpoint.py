@@ -23,7 +23,7 @@ import pathlib
 import re
 import shutil
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,14 +42,12 @@ from ._manifest import (
     verify_values,
     write_manifest,
 )
+from ._matching import match_checkpoint
 from ._module import Module
 from ._optim import legacy_names
 from ._placement import put
 from ._tree import named_targets
 from ._variable import Variable, refuse_view
-
-if TYPE_CHECKING:
-    pass
 
 # What a save into a plain directory may leave behind when it is killed: unreferenced data
 # directories, orbax's temporary directories for them, and temporary manifests.
@@ -136,10 +134,6 @@ def _legacy_targets(target: Any) -> list[tuple[str, Variable, str]]:
 
     visit(target, "")
     return found
-
-
-def _describe(shape: Any, dtype: Any) -> str:
-    return f"{dtype}[{','.join(str(d) for d in shape)}]"
 
 
 # --------------------------------------------------------------------------- save
@@ -366,77 +360,36 @@ class RestoreResult:
 def _restore(
     checkpoint: pathlib.Path, target: Any, partial: bool, shown: str, step: int | None = None
 ) -> RestoreResult:
+    """Reads the checkpoint, matches it to the target (see `match_checkpoint`) and assigns
+    the matched values, or raises before changing any variable."""
     variables = _named_variables(target)
     manifest = _read_manifest(checkpoint, shown)
     legacy = manifest["version"] == 1
+    left_out: list[str] = []
     if legacy:
         variables = _named_variables(target, legacy=True)
-    entries = {entry["name"]: entry for entry in manifest["variables"]}
-    missing = [name for name in variables if name not in entries]
-    unexpected = [name for name in entries if name not in variables]
-    common = {name: variable for name, variable in variables.items() if name in entries}
-    differing = [
-        f"{name!r} (checkpoint {_describe(entries[name]['shape'], entries[name]['dtype'])}, "
-        f"variable {_describe(variable.shape, variable.dtype)})"
-        for name, variable in common.items()
-        if _describe(entries[name]["shape"], entries[name]["dtype"])
-        != _describe(variable.shape, variable.dtype)
-    ]
-    if differing or (not partial and (missing or unexpected)) or (variables and not common):
-        problems = []
-        if missing and (not partial or not common):
-            problems.append(
-                "missing from the checkpoint (the target has them, the checkpoint does not): "
-                + ", ".join(repr(name) for name in missing)
-            )
-        if unexpected and (not partial or not common):
-            problems.append(
-                "unexpected in the checkpoint (the checkpoint has them, the target does not): "
-                + ", ".join(repr(name) for name in unexpected)
-            )
-        if differing:
-            problems.append("shape or dtype differs: " + ", ".join(differing))
-        hint = (
-            "\nPass partial=True to restore only the names both have."
-            if not partial and not differing and common
-            else ""
-        )
-        if legacy:
-            hint += (
-                "\nThis checkpoint was written by an earlier statevar (manifest version 1), "
-                "whose names did not include dict keys and numbered optimizer state "
-                "optimizer/0, optimizer/1, ...; statevar matched it by those names. To convert "
-                "it, restore what matches (partial=True, or the model without the optimizer) "
-                "and save again, which writes the current names."
-            )
-        raise CheckpointMismatchError(
-            f"Cannot restore from checkpoint {shown!r}: it does not match the target's "
-            "variables, so no variable was changed.\n  " + "\n  ".join(problems) + hint
-        )
-    values = _read_values(checkpoint, manifest, entries, common, shown)
-    for name, variable in common.items():
-        variable.assign(values[name])
-    if legacy:
         counters = legacy_names()[1]
-        missing += [
-            f"{name} (not in checkpoints of manifest version 1)"
+        left_out = [
+            name
             for name, variable, _ in named_targets(target, "the checkpoint target")
             if id(variable) in counters
         ]
-    result = RestoreResult(list(common), missing, unexpected, step)
-    if missing or unexpected:
-        logger.warning(
-            "Restored %d of the target's %d variables from checkpoint %r. Left unchanged "
-            "(not in the checkpoint): %s. Not restored (not in the target): %s.",
-            len(common),
-            len(common) + len(missing),
-            shown,
-            ", ".join(missing) or "none",
-            ", ".join(unexpected) or "none",
-        )
-    else:
-        logger.info("Restored %d variables from checkpoint %r", len(common), shown)
-    return result
+    entries = {entry["name"]: entry for entry in manifest["variables"]}
+    match = match_checkpoint(
+        {name: (entry["shape"], entry["dtype"]) for name, entry in entries.items()},
+        {name: (variable.shape, variable.dtype) for name, variable in variables.items()},
+        partial=partial,
+        legacy=legacy,
+        left_out=left_out,
+    )
+    if match.is_refused:
+        raise CheckpointMismatchError(match.refusal(shown))
+    common = {name: variables[name] for name in match.common}
+    values = _read_values(checkpoint, manifest, entries, common, shown)
+    for name, variable in common.items():
+        variable.assign(values[name])
+    logger.log(*match.report(shown))
+    return RestoreResult(match.common, match.untouched, match.unexpected, step)
 
 
 def restore(directory: PathLike, target: Any, *, partial: bool = False) -> RestoreResult:

@@ -11,7 +11,7 @@ import functools
 import inspect
 import types
 import weakref
-from typing import Any
+from typing import Any, cast
 
 from ._variable import Variable, View
 
@@ -50,7 +50,7 @@ def closure_variables(fn: Any) -> list[Variable]:
             collect(obj.__self__, depth + 1)
             collect(obj.__func__, depth + 1)
         elif isinstance(obj, (types.FunctionType, functools.partial)) and obj in compiled_functions:
-            collect(obj.jit_function._fn, depth + 1)
+            collect(cast(Any, obj).jit_function._fn, depth + 1)
         elif isinstance(obj, functools.partial):
             collect(obj.func, depth + 1)
             collect(obj.args, depth + 1)

@@ -9,20 +9,16 @@ every update; a rejected value raises before anything is donated.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer as Tracer
 
 from . import _trace
 from ._errors import DtypeMismatchError, ShapeMismatchError, TraceContextError
 from ._placement import is_multi_device, replicated
-
-if TYPE_CHECKING:
-    from ._variable import Variable
-
-Tracer = jax.core.Tracer
 
 # Dtype families, ordered so that a value converts safely into its own family or a later one.
 BOOL, INT, FLOAT, COMPLEX = range(4)
@@ -61,6 +57,12 @@ def integer_range(dtype: np.dtype) -> tuple[int, int]:
     """Returns the smallest and largest values of integer ``dtype``."""
     info = jnp.iinfo(dtype)
     return int(info.min), int(info.max)
+
+
+def converts_safely(source: int, target: int | None) -> bool:
+    """The dtype-family rule: whether values of family ``source`` convert safely into family
+    ``target``: the same family, or a later one for anything but bool."""
+    return source == target or (target is not None and BOOL < source < target)
 
 
 def holds_range_of(dtype: np.dtype, other: np.dtype) -> bool:
@@ -156,11 +158,7 @@ def check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) ->
             source_dtype = np.asarray(initial_value).dtype
         source = family(np.dtype(source_dtype))
     target = family(dtype)
-    if (
-        source is not None
-        and target is not None
-        and not (source == target or BOOL < source < target)
-    ):
+    if source is not None and target is not None and not converts_safely(source, target):
         raise DtypeMismatchError(
             f"Cannot create Variable '{label}' with dtype {dtype} from "
             f"{short_repr(initial_value)}: {FAMILY_NAMES[source]} values cannot be converted "
@@ -197,9 +195,20 @@ def check_not_deleted(value: Any, action: str, what: str = "value") -> None:
         ) from None
 
 
+class _Source(NamedTuple):
+    """A value classified for an update: the value (host values as a NumPy array), its dtype
+    family (None if not numeric), its shape, and how messages name its dtype."""
+
+    value: Any
+    family: int | None
+    shape: tuple[int, ...]
+    described: Any
+
+
 def convert_for_update(
     value: Any,
-    variable: Variable,
+    current: jax.Array,
+    name: str,
     operation: str,
     target_shape: tuple[int, ...] | None = None,
 ) -> Any:
@@ -207,11 +216,13 @@ def convert_for_update(
     ready for the jitted update.
 
     Does not donate: the variable's array and ``value`` stay valid. A concrete array on
-    another device is copied to the variable's sharding.
+    another device is copied to the variable's sharding. The steps, in order: classify the
+    value, check its dtype family, its integer range, its shape, then place it.
 
     Args:
-      value: the value or delta; a Variable is read into its array.
-      variable: the variable to update; gives the dtype, shape and sharding to meet.
+      value: the value or delta; callers read a Variable into its array first.
+      current: the variable's array; gives the dtype, shape and sharding to meet.
+      name: the variable's name, for messages.
       operation: the update, a key of `PHRASES`.
       target_shape: the shape of the indexed part for ``v[index] = value``; None for the
         whole variable.
@@ -228,82 +239,116 @@ def convert_for_update(
       TraceContextError: if the value is a tracer outside `statevar.jit` and `statevar.grad`.
       ValueError: if the value is an array that has been deleted.
     """
-    # The variable's array rather than its properties: the scalar fast path is a hot path.
-    current = variable._value
-    source = PYTHON_SCALARS.get(type(value))
-    if source is not None and target_shape is None:
-        # Fast path for the common assign_add(1.0): a Python scalar that converts safely.
-        target = family(current.dtype)
-        if (source == target or BOOL < source < target) and (
-            source != INT or fits_weakly(value, current.dtype)
-        ):
-            return value
-    # Imported here: `_variable` imports this module.
-    from ._variable import Variable
+    if target_shape is None and _enters_as_it_is(value, current.dtype):
+        return value  # the common assign_add(1.0): a hot path
+    action, dtype = f"Cannot {PHRASES[operation]} Variable '{name}'", current.dtype
+    check_not_deleted(value, action)
+    source = _classify(value, action, dtype)
+    _check_family(source, dtype, action)
+    value = _fit_integers(source, dtype, action)
+    expected = current.shape if target_shape is None else target_shape
+    _check_shape(
+        source.shape, expected, action, "variable" if target_shape is None else "indexed part"
+    )
+    return _place(value, source.shape, current)
 
-    if isinstance(value, Variable):
-        value = value._read()
-    operation, name, dtype = PHRASES[operation], variable.name, current.dtype
-    check_not_deleted(value, f"Cannot {operation} Variable '{name}'")
+
+def _enters_as_it_is(value: Any, dtype: np.dtype) -> bool:
+    """Whether ``value`` is a Python scalar that converts safely into ``dtype`` and can enter
+    a jitted update unconverted."""
+    source = PYTHON_SCALARS.get(type(value))
+    if source is None or not converts_safely(source, family(dtype)):
+        return False
+    return source != INT or fits_weakly(value, dtype)
+
+
+def _classify(value: Any, action: str, dtype: np.dtype) -> _Source:
+    """Classifies an update's value: an array (refusing a tracer outside statevar's
+    transformations), a Python scalar, or anything NumPy reads as a numeric array."""
     if isinstance(value, (jax.Array, np.ndarray, np.generic)):
-        source, shape = family(value.dtype), value.shape
-        described = value.dtype
         if isinstance(value, Tracer) and _trace.innermost() is None:
             raise TraceContextError(
-                f"Cannot {operation} Variable '{name}' inside jax.jit, jax.grad or "
-                "another JAX transformation: the variable would keep a tracer. Use "
-                "statevar.jit and statevar.grad, which carry the update out of the trace."
+                f"{action} inside jax.jit, jax.grad or another JAX transformation: the "
+                "variable would keep a tracer. Use statevar.jit and statevar.grad, which "
+                "carry the update out of the trace."
             )
-    elif type(value) in PYTHON_SCALARS:
-        source, shape = PYTHON_SCALARS[type(value)], ()
-        described = PYTHON_SCALAR_DTYPES[type(value)]
-    else:
-        try:
-            array = np.asarray(value)
-        except (TypeError, ValueError):
-            array = np.asarray(None)
-        if family(array.dtype) is None:
-            raise DtypeMismatchError(
-                f"Cannot {operation} Variable '{name}': expected a numeric value "
-                f"convertible to {dtype}, got {type(value).__name__} {short_repr(value)}"
-            )
-        value, source, shape, described = array, family(array.dtype), array.shape, array.dtype
-        if array.dtype == np.float64 or array.dtype == np.int64:
-            # Python numbers in a list are weakly typed, as in JAX.
-            described = f"Python {PYTHON_SCALAR_DTYPES[_FAMILY_TYPES[source]]}s"
-    target = family(dtype)
-    if source is None or not (source == target or BOOL < source < target):
+        return _Source(value, family(value.dtype), value.shape, value.dtype)
+    if type(value) in PYTHON_SCALARS:
+        kind = type(value)
+        return _Source(value, PYTHON_SCALARS[kind], (), PYTHON_SCALAR_DTYPES[kind])
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        array = np.asarray(None)
+    source = family(array.dtype)
+    if source is None:
         raise DtypeMismatchError(
-            f"Cannot {operation} Variable '{name}': a value of dtype {described} "
-            f"cannot be converted safely to the variable's dtype {dtype}"
-            + ("" if source is None else f" ({FAMILY_NAMES[source]} into {FAMILY_NAMES[target]})")
+            f"{action}: expected a numeric value convertible to {dtype}, got "
+            f"{type(value).__name__} {short_repr(value)}"
         )
-    if source == INT and target == INT and is_concrete_array(value):
-        check_device_range(value, dtype, f"Cannot {operation} Variable '{name}'", described)
-    if source == INT and not isinstance(value, jax.Array):
-        converted = convert_host_integers(value, dtype)
-        if converted is None:
-            raise DtypeMismatchError(
-                f"Cannot {operation} Variable '{name}': a value of dtype {described} "
-                f"({short_repr(value)}) is out of range for the variable's dtype {dtype}"
-            )
-        value = converted
-    expected = current.shape if target_shape is None else target_shape
-    if shape != expected:
-        try:
-            fits = np.broadcast_shapes(shape, expected) == expected
-        except ValueError:
-            fits = False
-        if not fits:
-            raise ShapeMismatchError(
-                f"Cannot {operation} Variable '{name}': shape {shape} does not match "
-                f"the {'variable' if target_shape is None else 'indexed part'}'s shape "
-                f"{expected}"
-            )
-    if is_concrete_array(value) and value.sharding != current.sharding:
-        sharding = current.sharding
-        if shape != current.shape and is_multi_device(sharding):
-            sharding = replicated(sharding)  # a part or a broadcast value: replicated
-        if value.sharding != sharding:
-            value = jax.device_put(value, sharding)
+    described: Any = array.dtype
+    if array.dtype == np.float64 or array.dtype == np.int64:
+        # Python numbers in a list are weakly typed, as in JAX.
+        described = f"Python {PYTHON_SCALAR_DTYPES[_FAMILY_TYPES[source]]}s"
+    return _Source(array, source, array.shape, described)
+
+
+def _check_family(source: _Source, dtype: np.dtype, action: str) -> None:
+    """Refuses a value whose dtype family does not convert safely into ``dtype``'s."""
+    target = family(dtype)
+    if source.family is not None and converts_safely(source.family, target):
+        return
+    families = (
+        ""
+        if source.family is None
+        else f" ({FAMILY_NAMES[source.family]} into {FAMILY_NAMES[cast(int, target)]})"
+    )
+    raise DtypeMismatchError(
+        f"{action}: a value of dtype {source.described} cannot be converted safely to the "
+        f"variable's dtype {dtype}{families}"
+    )
+
+
+def _fit_integers(source: _Source, dtype: np.dtype, action: str) -> Any:
+    """Refuses integers out of ``dtype``'s range; returns host integers converted to it."""
+    value = source.value
+    if source.family != INT:
+        return value
+    if family(dtype) == INT and is_concrete_array(value):
+        check_device_range(value, dtype, action, source.described)
+    if isinstance(value, jax.Array):
+        return value
+    converted = convert_host_integers(value, dtype)
+    if converted is None:
+        raise DtypeMismatchError(
+            f"{action}: a value of dtype {source.described} ({short_repr(value)}) is out of "
+            f"range for the variable's dtype {dtype}"
+        )
+    return converted
+
+
+def _check_shape(shape: tuple[int, ...], expected: tuple[int, ...], action: str, what: str) -> None:
+    """Refuses a value whose shape does not broadcast to ``expected`` (``what``'s shape)."""
+    if shape == expected:
+        return
+    try:
+        fits = np.broadcast_shapes(shape, expected) == expected
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ShapeMismatchError(
+            f"{action}: shape {shape} does not match the {what}'s shape {expected}"
+        )
+
+
+def _place(value: Any, shape: tuple[int, ...], current: jax.Array) -> Any:
+    """Copies a concrete array on another placement to the variable's sharding (replicated
+    over several devices for a part or a broadcast value)."""
+    if not is_concrete_array(value) or value.sharding == current.sharding:
+        return value
+    sharding = current.sharding
+    if shape != current.shape and is_multi_device(sharding):
+        sharding = replicated(sharding)
+    if value.sharding != sharding:
+        value = jax.device_put(value, sharding)
     return value

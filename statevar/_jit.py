@@ -12,7 +12,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 import jax
 import numpy as np
@@ -23,6 +23,7 @@ from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError
 from ._signals import held_signals
 from ._tree import Node, Structure, is_state, read_variables, variables_and_structure
+from ._typing import Compiled, Params, Result
 from ._variable import Variable
 
 # Bound once: a compiled call is a hot path.
@@ -544,6 +545,16 @@ def _static_key(leaf: Any, function_name: str) -> Any:
             "hashable, so it cannot be treated as static. Pass arrays, or a hashable value."
         ) from None
     return (type(leaf), leaf)
+
+
+@overload
+def jit(fn: Callable[Params, Result], **jit_kwargs: Any) -> Compiled[Params, Result]: ...
+
+
+@overload
+def jit(
+    fn: None = None, **jit_kwargs: Any
+) -> Callable[[Callable[Params, Result]], Compiled[Params, Result]]: ...
 
 
 def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:

@@ -136,10 +136,10 @@ class Module(Node):
         found = self._walk()
         vars(self)["_module_trainable"] = enabled
         for _, item in found:
-            if isinstance(item, Module):
-                vars(item)["_module_trainable"] = enabled
-            else:
+            if isinstance(item, Variable):
                 item.trainable = enabled
+            else:
+                vars(item)["_module_trainable"] = enabled
 
     def summary(self, *, file: TextIO | None = None) -> None:
         """Prints a table of this Module's variables; see `statevar.summary`."""

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.core import Tracer
 
 from . import _trace
 from ._errors import TraceContextError
@@ -511,7 +512,7 @@ def _state_placements(
 def _placed(gradient: Any, param: Variable) -> Any:
     """A gradient committed elsewhere than its parameter is copied to the parameter's
     sharding, so that the compiled update runs where the parameter lives."""
-    if isinstance(gradient, jax.Array) and not isinstance(gradient, jax.core.Tracer):
+    if isinstance(gradient, jax.Array) and not isinstance(gradient, Tracer):
         sharding = param._value.sharding
         if gradient.committed and gradient.sharding != sharding:
             if gradient.shape == param.shape:

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax import lax
+from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
 from ._errors import PlacementError
@@ -100,6 +101,7 @@ def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> j
             f"Cannot parse device spec {spec!r}: expected 'cpu', 'gpu' or 'tpu', "
             "optionally with an index, e.g. 'gpu:0'"
         )
+    assert match is not None  # a spec that does not match has no platform
     index = int(match.group(2) or 0)
     try:
         # This process's devices: under jax.distributed, "cpu:0" is the first local one.
@@ -446,7 +448,7 @@ def check_same_devices(subject: str, named_arrays: list[tuple[str, Any]]) -> Non
     """
     groups: dict[frozenset, list[str]] = {}
     for name, array in named_arrays:
-        if isinstance(array, jax.Array) and not isinstance(array, jax.core.Tracer):
+        if isinstance(array, jax.Array) and not isinstance(array, Tracer):
             if array.committed and not array.is_deleted():
                 groups.setdefault(frozenset(array.sharding.device_set), []).append(name)
     if len(groups) > 1:

@@ -124,7 +124,8 @@ def _totals_line(totals: dict[str, int]) -> str:
 def summary_text(module: Node) -> str:
     """Returns the plain-text table that `summary` prints where there is no terminal."""
     rows, totals = _rows(module)
-    table = [list(_COLUMNS)] + [_cells(row) for row in rows]
+    header: list[str] = list(_COLUMNS)
+    table = [header] + [_cells(row) for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS))]
 
     def line(cells: list[str]) -> str:
@@ -200,12 +201,12 @@ def summary(module: Node, *, file: TextIO | None = None) -> None:
             f"Expected statevar.summary's module to be a statevar.Module, got "
             f"{type(module).__name__}"
         )
-    file = sys.stdout if file is None else file
-    isatty = getattr(file, "isatty", None)
+    out = sys.stdout if file is None else file
+    isatty = getattr(out, "isatty", None)
     if isatty is not None and isatty():
-        _print_rich(module, file)
+        _print_rich(module, out)
     else:
-        file.write(summary_text(module))
+        out.write(summary_text(module))
 
 
 # --------------------------------------------------------------------------- repr

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.core import Tracer
 from jax.sharding import Sharding
 
 from ._placement import is_explicit, pin
@@ -154,7 +155,7 @@ def fresh(value: Any, like: jax.Array) -> jax.Array:
 
 
 def _describe(part: Any) -> Any:
-    if isinstance(part, jax.core.Tracer):
+    if isinstance(part, Tracer):
         return type(part), part.aval
     if isinstance(part, jax.Array):
         return type(part), part.aval, part.committed, part.sharding

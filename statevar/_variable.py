@@ -22,6 +22,7 @@ from ._convert import (
     short_repr,
 )
 from ._errors import DtypeMismatchError, TraceContextError
+from ._operators import ArrayOperators, RebindingInPlace, RefusedInPlace
 from ._signals import held_signals
 
 # Bound once: the eager update is a hot path.
@@ -148,7 +149,7 @@ def _eager_update(operation: str, doc: str) -> Callable[[Variable, Any], Variabl
     return update
 
 
-class Variable:
+class Variable(RefusedInPlace, ArrayOperators):
     """A mutable cell holding an immutable `jax.Array`, in the manner of ``tf.Variable``.
 
     A Variable works wherever an array does (operators, NumPy, ``jnp`` functions, plain
@@ -506,7 +507,9 @@ class Variable:
             and np.shape(_operand(value)) == ()
         ):
             # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
-            value = convert_for_update(value, self, "setitem", target_shape=())
+            value = convert_for_update(
+                _operand(value), self._value, self.name, "setitem", target_shape=()
+            )
             self._update("setmask", value, (index,))
             return
         static, dynamic = _update.split_index(index)
@@ -530,7 +533,9 @@ class Variable:
             target = jax.eval_shape(
                 lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)
             ).shape
-        value = convert_for_update(value, self, "setitem", target_shape=target)
+        value = convert_for_update(
+            _operand(value), self._value, self.name, "setitem", target_shape=target
+        )
         self._update("setitem", value, (dynamic, static))
 
     def _placed_index(self, index: Any) -> Any:
@@ -575,7 +580,7 @@ class Variable:
                 # An uncommitted value: the bare operation, the key the hot path looks for.
                 signature: Any = (operation, "committed") if value._committed else operation
             else:
-                value = convert_for_update(value, self, operation)
+                value = convert_for_update(_operand(value), current, self.name, operation)
                 signature = None
         else:
             signature = None
@@ -756,7 +761,7 @@ class Variable:
 jax.tree_util.register_pytree_node_class(Variable)
 
 
-class View(Variable):
+class View(RebindingInPlace, Variable):
     """What JAX's tree functions make of a Variable: a read-only view of one value.
 
     Inside plain `jax.jit`, `jax.grad` or `jax.vmap` a Variable argument becomes a view of
@@ -842,104 +847,5 @@ def _masks_to_indices(index: Any) -> Any:
     )
 
 
-def _colocate(a: Any, b: Any) -> tuple[Any, Any]:
-    """Moves concrete operands to the device scope's device, or ``b`` to ``a``'s device."""
-    scope = _placement.current_device()
-    if scope is not None:
-        return tuple(jax.device_put(x, scope) if is_concrete_array(x) else x for x in (a, b))
-    if is_concrete_array(a) and is_concrete_array(b) and a.sharding != b.sharding and b.committed:
-        sharding = a.sharding
-        if b.shape != a.shape and _placement.is_multi_device(sharding):
-            sharding = _placement.replicated(sharding)  # a broadcast operand: replicated
-        b = jax.device_put(b, sharding)
-    return a, b
-
-
 def _operand(x: Any) -> Any:
     return x._read() if isinstance(x, Variable) else x
-
-
-def _binary(op: Any, reflected: bool = False) -> Any:
-    def method(self: Variable, other: Any) -> Any:
-        a, b = _colocate(self._read(), _operand(other))
-        return op(b, a) if reflected else op(a, b)
-
-    method.__name__ = op.__name__
-    return method
-
-
-def _unary(op: Any) -> Any:
-    def method(self: Variable) -> Any:
-        (a, _) = _colocate(self._read(), None)
-        return op(a)
-
-    method.__name__ = op.__name__
-    return method
-
-
-for _names, _op in [
-    (("__add__", "__radd__"), jnp.add),
-    (("__sub__", "__rsub__"), jnp.subtract),
-    (("__mul__", "__rmul__"), jnp.multiply),
-    (("__truediv__", "__rtruediv__"), jnp.true_divide),
-    (("__floordiv__", "__rfloordiv__"), jnp.floor_divide),
-    (("__mod__", "__rmod__"), jnp.mod),
-    (("__pow__", "__rpow__"), jnp.power),
-    (("__matmul__", "__rmatmul__"), jnp.matmul),
-    (("__and__", "__rand__"), jnp.bitwise_and),
-    (("__or__", "__ror__"), jnp.bitwise_or),
-    (("__xor__", "__rxor__"), jnp.bitwise_xor),
-    (("__lshift__", "__rlshift__"), jnp.left_shift),
-    (("__rshift__", "__rrshift__"), jnp.right_shift),
-    (("__divmod__", "__rdivmod__"), jnp.divmod),
-]:
-    setattr(Variable, _names[0], _binary(_op))
-    setattr(Variable, _names[1], _binary(_op, reflected=True))
-
-
-def _in_place(symbol: str, hint: str) -> Any:
-    def method(self: Variable, other: Any) -> Any:
-        raise TypeError(
-            f"Cannot use {symbol} on Variable '{self.name}': it would rebind the name to a new "
-            f"array and leave the variable unchanged. Update it in place with {hint}."
-        )
-
-    return method
-
-
-for _name, _symbol, _hint, _op in [
-    ("__iadd__", "+=", "v.assign_add(x)", jnp.add),
-    ("__isub__", "-=", "v.assign_sub(x)", jnp.subtract),
-    ("__imul__", "*=", "v.assign(v * x)", jnp.multiply),
-    ("__itruediv__", "/=", "v.assign(v / x)", jnp.true_divide),
-    ("__ifloordiv__", "//=", "v.assign(v // x)", jnp.floor_divide),
-    ("__imod__", "%=", "v.assign(v % x)", jnp.mod),
-    ("__ipow__", "**=", "v.assign(v ** x)", jnp.power),
-    ("__imatmul__", "@=", "v.assign(v @ x)", jnp.matmul),
-    ("__iand__", "&=", "v.assign(v & x)", jnp.bitwise_and),
-    ("__ior__", "|=", "v.assign(v | x)", jnp.bitwise_or),
-    ("__ixor__", "^=", "v.assign(v ^ x)", jnp.bitwise_xor),
-    ("__ilshift__", "<<=", "v.assign(v << x)", jnp.left_shift),
-    ("__irshift__", ">>=", "v.assign(v >> x)", jnp.right_shift),
-]:
-    setattr(Variable, _name, _in_place(_symbol, _hint))
-    # A view is a value, not a variable: ``x += 1`` rebinds the name, as for a jax.Array.
-    setattr(View, _name, _binary(_op))
-
-for _name, _op in [
-    ("__eq__", jnp.equal),
-    ("__ne__", jnp.not_equal),
-    ("__lt__", jnp.less),
-    ("__le__", jnp.less_equal),
-    ("__gt__", jnp.greater),
-    ("__ge__", jnp.greater_equal),
-]:
-    setattr(Variable, _name, _binary(_op))
-
-for _name, _op in [
-    ("__neg__", jnp.negative),
-    ("__pos__", jnp.positive),
-    ("__abs__", jnp.abs),
-    ("__invert__", jnp.invert),
-]:
-    setattr(Variable, _name, _unary(_op))

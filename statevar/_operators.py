@@ -1,0 +1,271 @@
+"""Arithmetic, bitwise and comparison operators of variables, as annotated methods.
+
+`ArrayOperators` gives a Variable (and a view of one) the operators of a `jax.Array`: each
+reads the current value and returns a new `jax.Array`, so a type checker accepts ``v + 1``,
+``1 - v``, ``-v`` and ``v < 0``. Operands on different devices are brought together first
+(see `colocate`). `RefusedInPlace` refuses ``v += 1``, which would rebind the name to a new
+array and leave the variable unchanged; `RebindingInPlace` allows it for views, which are
+values, as for a `jax.Array`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from . import _placement
+from ._convert import is_concrete_array
+
+# What an operator accepts: anything `jnp` does, and a Variable (or a view of one).
+Operand: TypeAlias = "ArrayLike | ArrayOperators"
+
+
+def colocate(a: Any, b: Any) -> tuple[Any, Any]:
+    """Moves concrete operands to the device scope's device, or ``b`` to ``a``'s device."""
+    scope = _placement.current_device()
+    if scope is not None:
+        return tuple(jax.device_put(x, scope) if is_concrete_array(x) else x for x in (a, b))
+    if is_concrete_array(a) and is_concrete_array(b) and a.sharding != b.sharding and b.committed:
+        sharding = a.sharding
+        if b.shape != a.shape and _placement.is_multi_device(sharding):
+            sharding = _placement.replicated(sharding)  # a broadcast operand: replicated
+        b = jax.device_put(b, sharding)
+    return a, b
+
+
+class ArrayOperators:
+    """The operators of a `jax.Array`, applied to the current value (``self._read()``)."""
+
+    if TYPE_CHECKING:
+
+        def _read(self) -> jax.Array: ...
+
+    def _binary(self, op: Callable[..., Any], other: Any, reflected: bool = False) -> Any:
+        own = self._read()
+        if isinstance(other, ArrayOperators):
+            other = other._read()
+        a, b = colocate(own, other)
+        return op(b, a) if reflected else op(a, b)
+
+    def _unary(self, op: Callable[[jax.Array], jax.Array]) -> jax.Array:
+        (a, _) = colocate(self._read(), None)
+        return op(a)
+
+    def __add__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.add, other)
+
+    def __radd__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.add, other, reflected=True)
+
+    def __sub__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.subtract, other)
+
+    def __rsub__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.subtract, other, reflected=True)
+
+    def __mul__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.multiply, other)
+
+    def __rmul__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.multiply, other, reflected=True)
+
+    def __truediv__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.true_divide, other)
+
+    def __rtruediv__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.true_divide, other, reflected=True)
+
+    def __floordiv__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.floor_divide, other)
+
+    def __rfloordiv__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.floor_divide, other, reflected=True)
+
+    def __mod__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.mod, other)
+
+    def __rmod__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.mod, other, reflected=True)
+
+    def __divmod__(self, other: Operand) -> tuple[jax.Array, jax.Array]:
+        return self._binary(jnp.divmod, other)
+
+    def __rdivmod__(self, other: ArrayLike) -> tuple[jax.Array, jax.Array]:
+        return self._binary(jnp.divmod, other, reflected=True)
+
+    def __pow__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.power, other)
+
+    def __rpow__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.power, other, reflected=True)
+
+    def __matmul__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.matmul, other)
+
+    def __rmatmul__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.matmul, other, reflected=True)
+
+    def __and__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.bitwise_and, other)
+
+    def __rand__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.bitwise_and, other, reflected=True)
+
+    def __or__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.bitwise_or, other)
+
+    def __ror__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.bitwise_or, other, reflected=True)
+
+    def __xor__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.bitwise_xor, other)
+
+    def __rxor__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.bitwise_xor, other, reflected=True)
+
+    def __lshift__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.left_shift, other)
+
+    def __rlshift__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.left_shift, other, reflected=True)
+
+    def __rshift__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.right_shift, other)
+
+    def __rrshift__(self, other: ArrayLike) -> jax.Array:
+        return self._binary(jnp.right_shift, other, reflected=True)
+
+    # Elementwise, as for a jax.Array: the result is an array, not a bool.
+    def __eq__(self, other: Any) -> jax.Array:  # type: ignore[override]
+        return self._binary(jnp.equal, other)
+
+    def __ne__(self, other: Any) -> jax.Array:  # type: ignore[override]
+        return self._binary(jnp.not_equal, other)
+
+    def __lt__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.less, other)
+
+    def __le__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.less_equal, other)
+
+    def __gt__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.greater, other)
+
+    def __ge__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.greater_equal, other)
+
+    # Identity, not value: a variable is a mutable cell, usable as a dict key.
+    __hash__ = object.__hash__
+
+    def __neg__(self) -> jax.Array:
+        return self._unary(jnp.negative)
+
+    def __pos__(self) -> jax.Array:
+        return self._unary(jnp.positive)
+
+    def __abs__(self) -> jax.Array:
+        return self._unary(jnp.abs)
+
+    def __invert__(self) -> jax.Array:
+        return self._unary(jnp.invert)
+
+
+class RefusedInPlace:
+    """Refuses ``v += x`` and the other augmented assignments, naming the update to use."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def name(self) -> str: ...
+
+    def _refuse(self, symbol: str, hint: str) -> NoReturn:
+        raise TypeError(
+            f"Cannot use {symbol} on Variable '{self.name}': it would rebind the name to a new "
+            f"array and leave the variable unchanged. Update it in place with {hint}."
+        )
+
+    def __iadd__(self, other: Operand) -> NoReturn:
+        self._refuse("+=", "v.assign_add(x)")
+
+    def __isub__(self, other: Operand) -> NoReturn:
+        self._refuse("-=", "v.assign_sub(x)")
+
+    def __imul__(self, other: Operand) -> NoReturn:
+        self._refuse("*=", "v.assign(v * x)")
+
+    def __itruediv__(self, other: Operand) -> NoReturn:
+        self._refuse("/=", "v.assign(v / x)")
+
+    def __ifloordiv__(self, other: Operand) -> NoReturn:
+        self._refuse("//=", "v.assign(v // x)")
+
+    def __imod__(self, other: Operand) -> NoReturn:
+        self._refuse("%=", "v.assign(v % x)")
+
+    def __ipow__(self, other: Operand) -> NoReturn:
+        self._refuse("**=", "v.assign(v ** x)")
+
+    def __imatmul__(self, other: Operand) -> NoReturn:
+        self._refuse("@=", "v.assign(v @ x)")
+
+    def __iand__(self, other: Operand) -> NoReturn:
+        self._refuse("&=", "v.assign(v & x)")
+
+    def __ior__(self, other: Operand) -> NoReturn:
+        self._refuse("|=", "v.assign(v | x)")
+
+    def __ixor__(self, other: Operand) -> NoReturn:
+        self._refuse("^=", "v.assign(v ^ x)")
+
+    def __ilshift__(self, other: Operand) -> NoReturn:
+        self._refuse("<<=", "v.assign(v << x)")
+
+    def __irshift__(self, other: Operand) -> NoReturn:
+        self._refuse(">>=", "v.assign(v >> x)")
+
+
+class RebindingInPlace(ArrayOperators):
+    """``x += 1`` on a value: rebinds the name to the new array, as for a `jax.Array`."""
+
+    def __iadd__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.add, other)
+
+    def __isub__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.subtract, other)
+
+    def __imul__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.multiply, other)
+
+    def __itruediv__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.true_divide, other)
+
+    def __ifloordiv__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.floor_divide, other)
+
+    def __imod__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.mod, other)
+
+    def __ipow__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.power, other)
+
+    def __imatmul__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.matmul, other)
+
+    def __iand__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.bitwise_and, other)
+
+    def __ior__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.bitwise_or, other)
+
+    def __ixor__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.bitwise_xor, other)
+
+    def __ilshift__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.left_shift, other)
+
+    def __irshift__(self, other: Operand) -> jax.Array:
+        return self._binary(jnp.right_shift, other)
