@@ -50,6 +50,65 @@ def keep_sharding(variable: Variable, value: Any) -> Any:
     return value
 
 
+SYNCHRONIZATIONS = ("auto", "on_write", "on_read")
+AGGREGATIONS = ("none", "sum", "mean", "only_first_replica")
+
+
+def _spelling(value: Any) -> Any:
+    """A setting as statevar spells it: lower case, from a str or an enum member's name
+    (``tf.VariableSynchronization.ON_READ`` gives ``"on_read"``)."""
+    if value is None:
+        return "none"
+    name = value if isinstance(value, str) else getattr(value, "name", None)
+    return name.lower() if isinstance(name, str) else value
+
+
+def is_on_read(synchronization: Any) -> bool:
+    """Whether a ``synchronization=`` argument asks for an on-read variable."""
+    return synchronization is not None and _spelling(synchronization) == "on_read"
+
+
+def _option(label: str, what: str, value: Any, allowed: tuple[str, ...]) -> str:
+    """Returns the setting ``value`` of ``what`` as one of ``allowed``.
+
+    Raises:
+      ValueError: if it is none of them.
+    """
+    spelled = "auto" if what == "synchronization" and value is None else _spelling(value)
+    if spelled not in allowed:
+        raise ValueError(
+            f"Cannot create Variable '{label}' with {what}={value!r}: expected one of "
+            f"{', '.join(repr(a) for a in allowed)}"
+        )
+    return spelled
+
+
+def _check_on_read(variable: Variable, label: str, trainable: Any, aggregation: str) -> None:
+    """Refuses what an on-read variable cannot be, as TensorFlow does.
+
+    Raises:
+      ValueError: if it is asked to be trainable or has no aggregation, or is of a
+        subclass of Variable.
+    """
+    if trainable:
+        raise ValueError(
+            f"Cannot create Variable '{label}' with synchronization='on_read' and "
+            "trainable=True: an on-read variable holds one value per replica and is never "
+            "differentiated. Pass trainable=False (the default for on-read variables)."
+        )
+    if aggregation == "none":
+        raise ValueError(
+            f"Cannot create Variable '{label}' with synchronization='on_read' and no "
+            "aggregation: expected aggregation='sum', 'mean' or 'only_first_replica', which "
+            "says how its replicas' values combine when it is read"
+        )
+    if not getattr(variable, "_is_on_read", False):
+        raise ValueError(
+            f"Cannot create Variable '{label}' of the subclass {type(variable).__name__} "
+            "with synchronization='on_read': create a statevar.Variable"
+        )
+
+
 def _is_initializer(value: Any) -> bool:
     return callable(value) and not isinstance(value, jax.Array | np.ndarray | Variable)
 
@@ -120,10 +179,24 @@ class Variable:
         the innermost `statevar.mesh`, or a callable ``(name, shape) -> spec``; not with
         ``device=``. The sharding is fixed like the shape: every update
         keeps it and runs in place, shard by shard; only `reshard` moves the variable.
+      synchronization: ``"auto"`` or ``"on_write"`` (the default: one value), or
+        ``"on_read"``: one value per replica along the first axis of the variable's mesh
+        (from ``sharding=`` or the innermost `statevar.mesh`), read as their aggregate,
+        as TensorFlow's ``VariableSynchronization.ON_READ``. An on-read variable is not
+        trainable; `statevar.PerReplica` values update each replica on its own devices.
+        See the scaling guide.
+      aggregation: how an on-read variable's replicas combine into its value: ``"sum"``,
+        ``"mean"`` (floating and complex dtypes) or ``"only_first_replica"``; required
+        with ``synchronization="on_read"``. ``"none"`` (or None) otherwise; other
+        variables keep the setting (``v.aggregation``) without using it. TensorFlow's
+        enum members (``tf.VariableAggregation.SUM``) are accepted by name too.
 
     Raises:
       TypeError: if ``initial_value`` is not numeric or cannot be converted to ``dtype``,
         or both ``device`` and ``sharding`` are given.
+      ValueError: if ``synchronization`` or ``aggregation`` is unknown, or an on-read
+        variable is asked to be trainable, lacks an aggregation, has a dtype its
+        aggregation cannot combine, or has no mesh (a `PlacementError`).
       TraceContextError: if created while `statevar.jit` or `statevar.grad` traces.
       PlacementError: if ``device`` does not exist and soft placement is off, or the
         sharding does not fit (an axis the mesh lacks, a dimension the axis does not
@@ -139,20 +212,39 @@ class Variable:
     __array_priority__ = 100
     # The path of an unnamed variable in the Module that holds it, set by `statevar.Module`.
     _path: str | None = None
+    _synchronization = "auto"
+    _aggregation = "none"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
+        if cls is Variable and is_on_read(kwargs.get("synchronization")):
+            # One value per replica: its own class, so that no update of it ever takes the
+            # eager hot path of `_update` (see `_on_read`).
+            from ._on_read import OnReadVariable
+
+            cls = OnReadVariable
+        return object.__new__(cls)
 
     def __init__(
         self,
         initial_value: jax.typing.ArrayLike | Variable,
         *,
-        trainable: bool = True,
+        trainable: bool | None = None,
         name: str | None = None,
         dtype: jax.typing.DTypeLike | None = None,
         device: str | jax.Device | jax.sharding.Sharding | None = None,
         sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None = None,
+        synchronization: str = "auto",
+        aggregation: str | None = None,
     ):
         label = name if name is not None else "Variable"
         if name is not None and not isinstance(name, str):
             raise TypeError(f"Expected the Variable's name to be a str, got {type(name).__name__}")
+        synchronization = _option(label, "synchronization", synchronization, SYNCHRONIZATIONS)
+        aggregation = _option(label, "aggregation", aggregation, AGGREGATIONS)
+        on_read = synchronization == "on_read"
+        if on_read:
+            _check_on_read(self, label, trainable, aggregation)
+        trainable = not on_read if trainable is None else trainable
         _trace.check_creation(label)
         if isinstance(initial_value, Variable):
             initial_value = initial_value._read()
@@ -224,6 +316,8 @@ class Variable:
             value = jnp.array(value, dtype=value.dtype)
         self._name = name
         self._trainable = bool(trainable)
+        if synchronization != "auto" or aggregation != "none":
+            self._synchronization, self._aggregation = synchronization, aggregation
         # Signatures of the updates this variable has run: JAX's fast path for their calls.
         self._compiled: set[Any] = set()
         # A copy on the device, then put on the sharding: a NumPy value put straight onto a
@@ -252,6 +346,17 @@ class Variable:
         if bool(enabled) != self._trainable:
             self._trainable = bool(enabled)
             trainable_epoch[0] += 1
+
+    @property
+    def synchronization(self) -> str:
+        """``"auto"``, ``"on_write"`` or ``"on_read"``, as given at creation."""
+        return self._synchronization
+
+    @property
+    def aggregation(self) -> str:
+        """How an on-read variable's replicas combine: ``"sum"``, ``"mean"`` or
+        ``"only_first_replica"``; ``"none"`` unless given."""
+        return self._aggregation
 
     @property
     def value(self) -> jax.Array:
@@ -481,7 +586,7 @@ class Variable:
 
         # Over several devices: a mask takes the variable's sharding, other indices are
         # replicated.
-        own = self._value.sharding
+        own = self.sharding
         other = _placement.replicated(own)
 
         def place(part: Any) -> Any:
