@@ -60,14 +60,15 @@ class PerReplica:
 
     Example:
       >>> import jax
+      >>> import jax.numpy as jnp
       >>> import statevar
-      >>> mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
-      >>> with statevar.mesh(mesh):
+      >>> with statevar.mesh(jax.make_mesh((len(jax.devices()),), ("data",))):
       ...     seen = statevar.Variable(0, synchronization="on_read", aggregation="sum")
-      >>> seen.assign_add(statevar.PerReplica([1, 2, 3, 4])).numpy()
-      array(10, dtype=int32)
-      >>> seen.replica_values
-      Array([1, 2, 3, 4], dtype=int32)
+      >>> ones = jnp.ones(seen.replicas, jnp.int32)  # one count per replica
+      >>> int(seen.assign_add(statevar.PerReplica(ones))) == seen.replicas
+      True
+      >>> seen.replica_values.shape == (seen.replicas,)
+      True
     """
 
     __slots__ = ("values",)
@@ -407,11 +408,7 @@ class OnReadVariable(Variable):
         """
         action = f"Cannot {PHRASES[operation]} Variable '{self.name}'"
         if operation not in _LOCAL_OPERATIONS:
-            raise TypeError(
-                f"{action} with statevar.PerReplica values: only assign, assign_add and "
-                "assign_sub take them. Set the item with a plain value (a cross-replica "
-                "update), or assign PerReplica values for the whole variable."
-            )
+            raise _indexed_per_replica_error(self)
         try:
             values = per_replica.stacked()
         except ValueError as error:
@@ -442,6 +439,11 @@ class OnReadVariable(Variable):
             values = (np if numpy else jnp).broadcast_to(values.reshape(aligned), full)
         target = _Target(self.name, (count, *shape), self._value.dtype, layout.replica_sharding)
         return convert_for_update(values, target, operation)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(value, PerReplica):
+            raise _indexed_per_replica_error(self)
+        super().__setitem__(index, value)
 
     def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
         """Applies ``operation``: per replica for `PerReplica` values, else cross-replica.
@@ -492,6 +494,10 @@ class OnReadVariable(Variable):
         if old is None:
             old = self._value
         per_replica = old.ndim == self._value.ndim
+        if per_replica and _trace.innermost().kind != "jit" and not self._in_ref():
+            # The write lands in statevar.grad's or stateless_call's frame, which hold the
+            # aggregate (statevar.grad assigns it to the variable afterwards).
+            old, per_replica = reader(self._layout)(old), False
         index = index or ()
         if isinstance(value, PerReplica):
             operand = self._replica_operand(value, operation)
@@ -512,6 +518,10 @@ class OnReadVariable(Variable):
             new = _placement.pin(new, self._layout.replica_sharding)
         _trace.write(self, new, PHRASES[operation])
         return self
+
+    def _in_ref(self) -> bool:
+        """Whether a trace frame holds the variable in a `jax.Ref`, which writes then reach."""
+        return any(self in frame.refs for frame in _trace._stack())
 
     def _failed_update(self, operation: str, value: Any, old: jax.Array) -> Variable:
         if old.is_deleted() and operation == "assign":
@@ -585,6 +595,14 @@ class OnReadVariable(Variable):
         copied._compiled = set()
         copied._value = _placement.put(self.replica_values, self._layout.replica_sharding)
         return copied
+
+
+def _indexed_per_replica_error(variable: Variable) -> TypeError:
+    return TypeError(
+        f"Cannot set an item of Variable '{variable.name}' with statevar.PerReplica values: "
+        "only assign, assign_add and assign_sub take them. Set the item with a plain value "
+        "(a cross-replica update), or assign PerReplica values for the whole variable."
+    )
 
 
 # A pytree as Variable is (JAX registers exact types): it flattens to its aggregate.

@@ -41,7 +41,11 @@ def format_bytes(size: int) -> str:
 
 
 def placement(variable: Variable) -> str:
-    """Returns where a variable lives: ``"cpu:0"``, or its sharding over several devices."""
+    """Returns where a variable lives: ``"cpu:0"``, or its sharding over several devices;
+    for an on-read variable, its replicas and aggregation too."""
+    if variable.synchronization == "on_read":
+        layout = variable._layout
+        return f"on_read {variable.aggregation} x{layout.replicas} {layout.replica_sharding.spec}"
     sharding = variable.sharding
     devices = sharding.device_set
     if len(devices) == 1:
@@ -216,6 +220,9 @@ def _describe_variable(variable: Variable) -> str:
         [
             f", name={variable._name!r}" if variable._name is not None else "",
             "" if variable.trainable else ", trainable=False",
+            f", synchronization='on_read', aggregation={variable.aggregation!r}"
+            if variable.synchronization == "on_read"
+            else "",
         ]
     )
     shape = ",".join(str(d) for d in variable.shape)
