@@ -193,14 +193,15 @@ class Variable:
 
     Raises:
       TypeError: if ``initial_value`` is not numeric or cannot be converted to ``dtype``,
-        or both ``device`` and ``sharding`` are given.
+        or both ``device`` and ``sharding`` are given, or an on-read variable has a dtype
+        its aggregation cannot combine (a mean of integers, a sum of bools).
       ValueError: if ``synchronization`` or ``aggregation`` is unknown, or an on-read
-        variable is asked to be trainable, lacks an aggregation, has a dtype its
-        aggregation cannot combine, or has no mesh (a `PlacementError`).
+        variable is asked to be trainable or lacks an aggregation.
       TraceContextError: if created while `statevar.jit` or `statevar.grad` traces.
       PlacementError: if ``device`` does not exist and soft placement is off, or the
         sharding does not fit (an axis the mesh lacks, a dimension the axis does not
-        divide, a spec longer than the rank, a spec without a mesh to resolve it).
+        divide, a spec longer than the rank, a spec without a mesh to resolve it), or an
+        on-read variable has no mesh or is sharded over its mesh's first axis.
 
     Example:
       >>> import statevar
