@@ -389,6 +389,26 @@ def test_reshard_moves_the_aggregate_onto_another_mesh(mesh):
     chex.assert_trees_all_close(v.replica_values, np.array([[12.0, 16.0], [0.0, 0.0]]))
 
 
+def test_statevar_reshard_checks_every_spec_before_moving_anything(mesh):
+    class Model(statevar.Module):
+        def __init__(self):
+            self.kernel = statevar.Variable(jnp.ones((4, 2)))
+            self.count = on_read(jnp.zeros(4), "sum", mesh)
+
+    model = Model()
+    before = model.kernel.sharding
+    with pytest.raises(
+        statevar.PlacementError,
+        match="Cannot reshard Variable 'count' with synchronization='on_read' and sharding "
+        "P.'data',.: mesh axis 'data', the mesh's first, holds the replicas",
+    ):
+        statevar.reshard(model, [("", P("data"))], mesh=mesh)
+    assert model.kernel.sharding == before
+
+    placed = statevar.reshard(model, [("kernel", P("data"))], mesh=mesh)
+    assert placed["count"] == NamedSharding(mesh, P()) and model.count.replicas == 4
+
+
 def test_an_assign_restores_a_variable_deleted_outside_statevar(mesh):
     v = on_read(jnp.zeros(2), "sum", mesh, name="v")
     v.replica_values.delete()
