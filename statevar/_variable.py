@@ -165,7 +165,8 @@ class Variable:
         shape)``), which is then computed directly with the variable's sharding. It is
         always copied: the variable never shares memory with it. An array spread over
         several devices keeps its sharding unless ``sharding=`` or ``device=`` is given.
-      trainable: whether `statevar.grad` differentiates with respect to this variable.
+      trainable: whether `statevar.grad` differentiates with respect to this variable;
+        True unless the variable is on-read (which cannot be trainable).
       name: a name for messages, summaries and checkpoints. Without one, a variable held
         by a `statevar.Module` is known by its path in the module tree (``"layers/0/kernel"``),
         any other by ``"Variable"``.
