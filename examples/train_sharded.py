@@ -68,6 +68,17 @@ def train(
     elif strategy == "fsdp":
         statevar.reshard(model, [("kernel", P("data", None))], mesh=mesh)
     optimizer = statevar.Optimizer(optax.adam(1e-2), model)
+    seen = None
+    if mesh is not None:
+        # Each replica counts the examples it trained on; a read sums them (an on-read
+        # variable, as TensorFlow keeps metrics under a distribution strategy).
+        seen = statevar.Variable(
+            0,
+            synchronization="on_read",
+            aggregation="sum",
+            sharding=NamedSharding(mesh, P()),
+            name="examples_seen",
+        )
 
     @statevar.jit
     def step(x: jax.Array, y: jax.Array) -> jax.Array:
@@ -76,6 +87,9 @@ def train(
 
         value, grads = statevar.value_and_grad(loss, model)()
         optimizer.apply(grads)
+        if seen is not None:
+            rows = jnp.ones(x.shape[0], jnp.int32).reshape(seen.replicas, -1).sum(axis=1)
+            seen.assign_add(statevar.PerReplica(rows))  # no communication between replicas
         return value
 
     xs, ys = make_data(batch, batches=4)
@@ -88,6 +102,8 @@ def train(
         losses.append(step(xs[i % len(xs)], ys[i % len(ys)]))
         if (i + 1) % BLOCK_EVERY == 0:
             losses[-1].block_until_ready()
+    if seen is not None:
+        print(f"{strategy:>13}: {int(seen)} examples, {seen.replica_values.tolist()} per replica")
     return [float(loss) for loss in losses], {
         name: variable.numpy() for name, variable in model.named_variables().items()
     }

@@ -19,6 +19,7 @@ from ._grad import value_and_grad as value_and_grad
 from ._jit import jit as jit
 from ._manager import CheckpointManager as CheckpointManager
 from ._module import Module as Module
+from ._on_read import PerReplica as PerReplica
 from ._optim import Optimizer as Optimizer
 from ._placement import PlacementWarning as PlacementWarning
 from ._placement import device as device
@@ -40,6 +41,7 @@ __all__ = [
     "DtypeMismatchError",
     "Module",
     "Optimizer",
+    "PerReplica",
     "PlacementError",
     "PlacementWarning",
     "RestoreResult",

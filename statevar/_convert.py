@@ -207,7 +207,7 @@ class _Source(NamedTuple):
 
 def convert_for_update(
     value: Any,
-    current: jax.Array,
+    current: jax.Array | jax.ShapeDtypeStruct,
     name: str,
     operation: str,
     target_shape: tuple[int, ...] | None = None,
@@ -341,7 +341,7 @@ def _check_shape(shape: tuple[int, ...], expected: tuple[int, ...], action: str,
         )
 
 
-def _place(value: Any, shape: tuple[int, ...], current: jax.Array) -> Any:
+def _place(value: Any, shape: tuple[int, ...], current: jax.Array | jax.ShapeDtypeStruct) -> Any:
     """Copies a concrete array on another placement to the variable's sharding (replicated
     over several devices for a part or a broadcast value)."""
     if not is_concrete_array(value) or value.sharding == current.sharding:

@@ -52,7 +52,7 @@ def read_values(target: Any) -> Any:
       >>> statevar.read_values(Scale())
       {'factor': Array(2., dtype=float32), 'calls': Array(0, dtype=int32)}
     """
-    return _map_variables(Variable._read, variable_tree(target, "statevar.read_values's target"))
+    return _map_variables(_read, variable_tree(target, "statevar.read_values's target"))
 
 
 def stateless_call(
@@ -161,3 +161,7 @@ def _checked(variable: Variable, value: Any) -> Any:
             f"dtype {variable.dtype}. Pass values as statevar.read_values gives them."
         )
     return array
+
+
+def _read(variable: Variable) -> Any:
+    return variable._read()  # as the variable's class reads it (an on-read one aggregates)

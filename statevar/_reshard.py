@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from . import _placement
+from . import _on_read, _placement
 from ._tree import named_targets
 from ._variable import Variable
 
@@ -78,6 +78,8 @@ def reshard(
         sharding = _placement.resolve_sharding(
             spec, variable.shape, f"Cannot reshard Variable {name!r}", mesh
         )
+        if variable.synchronization == "on_read":  # its replicas take the mesh's first axis
+            _on_read.layout(f"Cannot reshard Variable {name!r}", sharding, variable.aggregation)
         planned[name] = (variable, sharding)
     for variable, sharding in planned.values():
         if variable.sharding != sharding:

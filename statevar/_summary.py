@@ -8,6 +8,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
+from ._on_read import OnReadVariable
 from ._placement import describe
 from ._tree import Node, walk
 from ._variable import Variable
@@ -41,7 +42,11 @@ def format_bytes(size: int) -> str:
 
 
 def placement(variable: Variable) -> str:
-    """Returns where a variable lives: ``"cpu:0"``, or its sharding over several devices."""
+    """Returns where a variable lives: ``"cpu:0"``, or its sharding over several devices;
+    for an on-read variable, its replicas and aggregation too."""
+    if isinstance(variable, OnReadVariable):
+        spec = variable.replica_values.sharding.spec  # type: ignore[union-attr]
+        return f"on_read {variable.aggregation} x{variable.replicas} {spec}"
     sharding = variable.sharding
     devices = sharding.device_set
     if len(devices) == 1:
@@ -217,6 +222,9 @@ def _describe_variable(variable: Variable) -> str:
         [
             f", name={variable._name!r}" if variable._name is not None else "",
             "" if variable.trainable else ", trainable=False",
+            f", synchronization='on_read', aggregation={variable.aggregation!r}"
+            if variable.synchronization == "on_read"
+            else "",
         ]
     )
     shape = ",".join(str(d) for d in variable.shape)

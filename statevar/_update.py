@@ -144,7 +144,7 @@ def pinned_updates(operation: str, sharding: Sharding) -> tuple[Callable, Callab
     return jax.jit(counted, donate_argnums=0, **kwargs), jax.jit(counted, **kwargs)
 
 
-def fresh(value: Any, like: jax.Array) -> jax.Array:
+def fresh(value: Any, like: jax.Array | jax.ShapeDtypeStruct) -> jax.Array:
     """Returns ``value`` as a new array of ``like``'s shape, dtype and sharding.
 
     For an assignment to a variable whose array was deleted outside statevar: ``like`` may be

@@ -52,6 +52,65 @@ def keep_sharding(variable: Variable, value: Any) -> Any:
     return value
 
 
+SYNCHRONIZATIONS = ("auto", "on_write", "on_read")
+AGGREGATIONS = ("none", "sum", "mean", "only_first_replica")
+
+
+def _spelling(value: Any) -> Any:
+    """A setting as statevar spells it: lower case, from a str or an enum member's name
+    (``tf.VariableSynchronization.ON_READ`` gives ``"on_read"``)."""
+    if value is None:
+        return "none"
+    name = value if isinstance(value, str) else getattr(value, "name", None)
+    return name.lower() if isinstance(name, str) else value
+
+
+def is_on_read(synchronization: Any) -> bool:
+    """Whether a ``synchronization=`` argument asks for an on-read variable."""
+    return synchronization is not None and _spelling(synchronization) == "on_read"
+
+
+def _option(label: str, what: str, value: Any, allowed: tuple[str, ...]) -> str:
+    """Returns the setting ``value`` of ``what`` as one of ``allowed``.
+
+    Raises:
+      ValueError: if it is none of them.
+    """
+    spelled = "auto" if what == "synchronization" and value is None else _spelling(value)
+    if spelled not in allowed:
+        raise ValueError(
+            f"Cannot create Variable '{label}' with {what}={value!r}: expected one of "
+            f"{', '.join(repr(a) for a in allowed)}"
+        )
+    return spelled
+
+
+def _check_on_read(variable: Variable, label: str, trainable: Any, aggregation: str) -> None:
+    """Refuses what an on-read variable cannot be, as TensorFlow does.
+
+    Raises:
+      ValueError: if it is asked to be trainable or has no aggregation, or is of a
+        subclass of Variable.
+    """
+    if trainable:
+        raise ValueError(
+            f"Cannot create Variable '{label}' with synchronization='on_read' and "
+            "trainable=True: an on-read variable holds one value per replica and is never "
+            "differentiated. Pass trainable=False (the default for on-read variables)."
+        )
+    if aggregation == "none":
+        raise ValueError(
+            f"Cannot create Variable '{label}' with synchronization='on_read' and no "
+            "aggregation: expected aggregation='sum', 'mean' or 'only_first_replica', which "
+            "says how its replicas' values combine when it is read"
+        )
+    if not getattr(variable, "_is_on_read", False):
+        raise ValueError(
+            f"Cannot create Variable '{label}' of the subclass {type(variable).__name__} "
+            "with synchronization='on_read': create a statevar.Variable"
+        )
+
+
 def _is_initializer(value: Any) -> bool:
     return callable(value) and not isinstance(value, jax.Array | np.ndarray | Variable)
 
@@ -164,7 +223,8 @@ class Variable(RefusedInPlace, ArrayOperators):
         shape)``), which is then computed directly with the variable's sharding. It is
         always copied: the variable never shares memory with it. An array spread over
         several devices keeps its sharding unless ``sharding=`` or ``device=`` is given.
-      trainable: whether `statevar.grad` differentiates with respect to this variable.
+      trainable: whether `statevar.grad` differentiates with respect to this variable;
+        True unless the variable is on-read (which cannot be trainable).
       name: a name for messages, summaries and checkpoints. Without one, a variable held
         by a `statevar.Module` is known by its path in the module tree (``"layers/0/kernel"``),
         any other by ``"Variable"``.
@@ -178,14 +238,29 @@ class Variable(RefusedInPlace, ArrayOperators):
         the innermost `statevar.mesh`, or a callable ``(name, shape) -> spec``; not with
         ``device=``. The sharding is fixed like the shape: every update
         keeps it and runs in place, shard by shard; only `reshard` moves the variable.
+      synchronization: ``"auto"`` or ``"on_write"`` (the default: one value), or
+        ``"on_read"``: one value per replica along the first axis of the variable's mesh
+        (from ``sharding=`` or the innermost `statevar.mesh`), read as their aggregate,
+        as TensorFlow's ``VariableSynchronization.ON_READ``. An on-read variable is not
+        trainable; `statevar.PerReplica` values update each replica on its own devices.
+        See the scaling guide.
+      aggregation: how an on-read variable's replicas combine into its value: ``"sum"``,
+        ``"mean"`` (floating and complex dtypes) or ``"only_first_replica"``; required
+        with ``synchronization="on_read"``. ``"none"`` (or None) otherwise; other
+        variables keep the setting (``v.aggregation``) without using it. TensorFlow's
+        enum members (``tf.VariableAggregation.SUM``) are accepted by name too.
 
     Raises:
       TypeError: if ``initial_value`` is not numeric or cannot be converted to ``dtype``,
-        or both ``device`` and ``sharding`` are given.
+        or both ``device`` and ``sharding`` are given, or an on-read variable has a dtype
+        its aggregation cannot combine (a mean of integers, a sum of bools).
+      ValueError: if ``synchronization`` or ``aggregation`` is unknown, or an on-read
+        variable is asked to be trainable or lacks an aggregation.
       TraceContextError: if created while `statevar.jit` or `statevar.grad` traces.
       PlacementError: if ``device`` does not exist and soft placement is off, or the
         sharding does not fit (an axis the mesh lacks, a dimension the axis does not
-        divide, a spec longer than the rank, a spec without a mesh to resolve it).
+        divide, a spec longer than the rank, a spec without a mesh to resolve it), or an
+        on-read variable has no mesh or is sharded over its mesh's first axis.
 
     Example:
       >>> import statevar
@@ -197,20 +272,39 @@ class Variable(RefusedInPlace, ArrayOperators):
     __array_priority__ = 100
     # The path of an unnamed variable in the Module that holds it, set by `statevar.Module`.
     _path: str | None = None
+    _synchronization = "auto"
+    _aggregation = "none"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
+        if cls is Variable and is_on_read(kwargs.get("synchronization")):
+            # One value per replica: its own class, so that no update of it ever takes the
+            # eager hot path of `_update` (see `_on_read`).
+            from ._on_read import OnReadVariable
+
+            cls = OnReadVariable
+        return object.__new__(cls)
 
     def __init__(
         self,
         initial_value: jax.typing.ArrayLike | Variable,
         *,
-        trainable: bool = True,
+        trainable: bool | None = None,
         name: str | None = None,
         dtype: jax.typing.DTypeLike | None = None,
         device: str | jax.Device | jax.sharding.Sharding | None = None,
         sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None = None,
+        synchronization: str = "auto",
+        aggregation: str | None = None,
     ):
         label = name if name is not None else "Variable"
         if name is not None and not isinstance(name, str):
             raise TypeError(f"Expected the Variable's name to be a str, got {type(name).__name__}")
+        synchronization = _option(label, "synchronization", synchronization, SYNCHRONIZATIONS)
+        aggregation = _option(label, "aggregation", aggregation, AGGREGATIONS)
+        on_read = synchronization == "on_read"
+        if on_read:
+            _check_on_read(self, label, trainable, aggregation)
+        trainable = not on_read if trainable is None else trainable
         _trace.check_creation(label)
         if isinstance(initial_value, Variable):
             initial_value = initial_value._read()
@@ -282,6 +376,8 @@ class Variable(RefusedInPlace, ArrayOperators):
             value = jnp.array(value, dtype=value.dtype)
         self._name = name
         self._trainable = bool(trainable)
+        if synchronization != "auto" or aggregation != "none":
+            self._synchronization, self._aggregation = synchronization, aggregation
         # Signatures of the updates this variable has run: JAX's fast path for their calls.
         self._compiled: set[Any] = set()
         # A copy on the device, then put on the sharding: a NumPy value put straight onto a
@@ -310,6 +406,17 @@ class Variable(RefusedInPlace, ArrayOperators):
         if bool(enabled) != self._trainable:
             self._trainable = bool(enabled)
             trainable_epoch[0] += 1
+
+    @property
+    def synchronization(self) -> str:
+        """``"auto"``, ``"on_write"`` or ``"on_read"``, as given at creation."""
+        return self._synchronization
+
+    @property
+    def aggregation(self) -> str:
+        """How an on-read variable's replicas combine: ``"sum"``, ``"mean"`` or
+        ``"only_first_replica"``; ``"none"`` unless given."""
+        return self._aggregation
 
     @property
     def value(self) -> jax.Array:
@@ -504,11 +611,11 @@ class Variable(RefusedInPlace, ArrayOperators):
             isinstance(index, (jax.Array, np.ndarray))
             and index.dtype == np.bool_
             and index.shape == self.shape
-            and np.shape(_operand(value)) == ()
+            and np.shape(read_operand(value)) == ()
         ):
             # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
             value = convert_for_update(
-                _operand(value), self._value, self.name, "setitem", target_shape=()
+                read_operand(value), self._value, self.name, "setitem", target_shape=()
             )
             self._update("setmask", value, (index,))
             return
@@ -534,7 +641,7 @@ class Variable(RefusedInPlace, ArrayOperators):
                 lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)
             ).shape
         value = convert_for_update(
-            _operand(value), self._value, self.name, "setitem", target_shape=target
+            read_operand(value), self._value, self.name, "setitem", target_shape=target
         )
         self._update("setitem", value, (dynamic, static))
 
@@ -545,7 +652,7 @@ class Variable(RefusedInPlace, ArrayOperators):
 
         # Over several devices: a mask takes the variable's sharding, other indices are
         # replicated.
-        own = self._value.sharding
+        own = self.sharding
         other = _placement.replicated(own)
 
         def place(part: Any) -> Any:
@@ -580,7 +687,7 @@ class Variable(RefusedInPlace, ArrayOperators):
                 # An uncommitted value: the bare operation, the key the hot path looks for.
                 signature: Any = (operation, "committed") if value._committed else operation
             else:
-                value = convert_for_update(_operand(value), current, self.name, operation)
+                value = convert_for_update(read_operand(value), current, self.name, operation)
                 signature = None
         else:
             signature = None
@@ -847,5 +954,6 @@ def _masks_to_indices(index: Any) -> Any:
     )
 
 
-def _operand(x: Any) -> Any:
+def read_operand(x: Any) -> Any:
+    """Returns a Variable's current (possibly traced) value; anything else as it is."""
     return x._read() if isinstance(x, Variable) else x

@@ -226,6 +226,8 @@ def test_train_sharded_matches_one_device(capsys):
     out = capsys.readouterr().out
     assert f"{len(jax.devices())} devices: cpu" in out
     assert "fsdp: loss" in out and "data_parallel: loss" in out
+    per_replica = [16 // len(jax.devices()) * 6] * len(jax.devices())
+    assert f"fsdp: 96 examples, {per_replica} per replica" in out
 
 
 def test_train_sharded_rejects_a_batch_the_devices_do_not_divide(capsys):

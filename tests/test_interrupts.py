@@ -12,6 +12,7 @@ import random
 import signal
 import threading
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -208,3 +209,33 @@ def test_an_interrupted_restore_leaves_every_variable_old_or_restored(tmp_path):
         assert float(a[0]) == 1.0 and float(b[0]) == 2.0
     # Finalize orbax's interrupted reads now, under this test's filters, not in a later test.
     gc.collect()
+
+
+@pytest.mark.parametrize(
+    "update, step",
+    [
+        (lambda v, deltas: v.assign_add(statevar.PerReplica(deltas)), 4.0),
+        (lambda v, deltas: v.assign_add(1.0), 1.0),
+    ],
+    ids=["per_replica", "cross_replica"],
+)
+def test_an_interrupted_on_read_update_leaves_the_old_or_the_new_value(update, step):
+    mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
+    with statevar.mesh(mesh):
+        v = statevar.Variable(0.0, synchronization="on_read", aggregation="sum", name="v")
+    deltas = jax.device_put(jnp.ones(4), v.replica_values.sharding)
+    completed = 0
+
+    def loop():
+        nonlocal completed
+        update(v, deltas)
+        completed += 1
+
+    for _ in _interrupted(loop, _delays(2)):
+        assert not v.replica_values.is_deleted()
+        value = float(v)
+        assert value in (step * completed, step * (completed + 1))
+        completed = round(value / step)
+        update(v, deltas)
+        completed += 1
+        assert float(v) == step * completed
