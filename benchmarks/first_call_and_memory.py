@@ -122,7 +122,7 @@ def large_grads_step(variant: str) -> tuple[Callable[[], Any], Callable[[], Any]
             return loss, grads
 
         def hlo() -> str:
-            entry = next(iter(step.jit_function._entries.values()))
+            entry = next(iter(step.jit_function._cache.entries.values()))
             arrays = [v._value for v in entry.lifted]
             return entry.jitted.lower(arrays, (x,)).compile()
 

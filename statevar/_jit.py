@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import collections
 import copy
 import functools
 import inspect
-import itertools
 import operator
-import sys
 import types
-import weakref
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import jax
 import numpy as np
@@ -21,17 +17,12 @@ from . import _placement, _trace, _update, _variable
 from ._closure import closure_variables, compiled_functions
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError
+from ._jit_cache import Box, Cache, Entry, reference, store, warm_call
 from ._signals import held_signals
-from ._tree import Node, Structure, is_state, read_variables, variables_and_structure
+from ._tree import Node, Structure, is_state, variables_and_structure
 from ._typing import Compiled, Params, Result
 from ._variable import Variable
 
-# Bound once: a compiled call is a hot path.
-_getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
-_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
-_flatten = itertools.chain.from_iterable
-_setattr = setattr
-_acquire, _release = _update.state_lock.acquire, _update.state_lock.release
 _trainable_epoch = _variable.trainable_epoch  # a one-item list, updated in place
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 # The exact types of the concrete (non-tracer) array arguments seen so far; the fast path of
@@ -39,81 +30,76 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 _CONCRETE_TYPES: set[type] = {np.ndarray, bool, int, float, complex}
 
 
-class _Entry:
-    """One compiled form of the function: the variables it lifts and its `jax.jit`."""
+class Split(NamedTuple):
+    """A call split by `split_call`."""
 
-    __slots__ = (
-        "lifted",
-        "jitted",
-        "found",
-        "split",
-        "extra",
-        "flags",
-        "epoch",
-        "refs",
-        "warm",
-        "call",
+    key: Any  # the entry's key: the tree structure, static arguments, ids of the state
+    treedef: Any  # the tree structure of ``(args, kwargs)``
+    dynamic: tuple[Any, ...]  # the array arguments, in order
+    variables: list[Variable]  # the Variables in the arguments and in their Modules
+    fixed: list[tuple[int, Any]]  # every other leaf, by position: Variables, Modules, static
+    structures: list[Structure]  # how each Module argument's variables were found
+    indexable: bool  # every argument an array, a Variable or a Module (see `Cache.index`)
+
+
+def split_call(
+    args: tuple, kwargs: dict, is_static: Callable[[Any, int], bool], name: str
+) -> Split:
+    """Splits a call's arguments into its entry's key, its array arguments and its state.
+
+    Arrays and scalars are dynamic (unless marked static); Variables and Modules are state,
+    keyed by id (a Module also by the ids of its variables, so replacing one retraces);
+    anything else is static, keyed by value.
+
+    Raises:
+      TypeError: if a static argument is not hashable.
+      TraceContextError: if an argument is a tracer (a call inside a JAX transformation).
+    """
+    leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_state)
+    key_parts: list[Any] = [treedef]
+    dynamic, variables, fixed, structures = [], [], [], []
+    flat = True  # no static argument among the leaves
+    for position, leaf in enumerate(leaves):
+        if isinstance(leaf, _ARRAY_TYPES) and not is_static(treedef, position):
+            if isinstance(leaf, Tracer):
+                raise _under_transformation(name)
+            _CONCRETE_TYPES.add(type(leaf))
+            dynamic.append(leaf)
+            continue
+        if isinstance(leaf, Variable):
+            variables.append(leaf)
+            key_parts.append((position, id(leaf)))
+        elif isinstance(leaf, Node):
+            module_variables, structure = variables_and_structure(leaf)
+            structures.append(structure)
+            variables.extend(module_variables)
+            key_parts.append((position, id(leaf), tuple(map(id, module_variables))))
+        else:
+            key_parts.append((position, _static_key(leaf, name)))
+            flat = False
+        fixed.append((position, leaf))
+    if not fixed and not kwargs and all(isinstance(a, _ARRAY_TYPES) for a in args):
+        key: Any = len(args)  # the key of `jit`'s fast path for arrays only
+    else:
+        key = tuple(key_parts)
+    indexable = (
+        bool(fixed)
+        and flat
+        and not kwargs
+        and len(leaves) == len(args)
+        and all(map(operator.is_, leaves, args))
     )
-
-    def __init__(
-        self,
-        lifted: tuple[Variable, ...],
-        jitted: Callable,
-        split: tuple,
-        extra: tuple,
-        refs: tuple[Variable, ...],
-        found: _Found,
-    ):
-        self.lifted = lifted
-        self.jitted = jitted
-        self.found = found
-        # How the call's arguments were split: (treedef, fixed, arg_variables), ``fixed``
-        # holding a reference to each non-array argument by position (see `_reference`).
-        self.split = split
-        self.extra = extra
-        # Gradients depend on which variables are trainable, and the trace pins each new
-        # value to its variable's sharding: the trace is valid for these flags, checked
-        # again whenever any variable's flag or sharding changed (a new epoch).
-        self.flags = _variable.compile_flags(lifted)
-        self.epoch = _trainable_epoch[0]
-        # The variables held in jax.Refs while tracing: those assigned under a nested JAX
-        # transformation (see `_trace`).
-        self.refs = refs
-        # Whether the call has run once: later calls take JAX's C++ fast path.
-        self.warm = False
-        # Once warm: the lean call for the current epoch and trace (see `_warm_call`).
-        self.call: Callable[[tuple[Any, ...]], Any] | None = None
-
-
-class _Found:
-    """What tracing an entry found, set by the trace."""
-
-    __slots__ = ("unlifted", "written_unlifted", "retrace", "targets", "attributes")
-
-    def __init__(self) -> None:
-        # Variables read or assigned that were not lifted (to lift on the next call), and
-        # those of them assigned (whose new values the call returns).
-        self.unlifted: tuple[Variable, ...] = ()
-        self.written_unlifted: tuple[Variable, ...] = ()
-        # Set by a trace that found variables assigned under nested transformations
-        # without a ref: (variables to lift, variables to hold in refs).
-        self.retrace: tuple[tuple[Variable, ...], tuple[Variable, ...]] | None = None
-        # Where the compiled call's outputs go: each variable's new array into its
-        # ``_value``, then the result into a `_Returned`'s ``value``.
-        self.targets: tuple[Variable, ...] = ()
-        self.attributes: tuple[str, ...] = ()
-
-
-class _Returned:
-    """Receives a compiled call's result (see `JitFunction._run`)."""
-
-    __slots__ = ("value",)
+    return Split(key, treedef, tuple(dynamic), variables, fixed, structures, indexable)
 
 
 class JitFunction:
     """A function compiled with `jax.jit` whose variable reads and assignments are lifted.
 
-    Created by `statevar.jit`.
+    Created by `statevar.jit`, which returns a function calling it. A call is split
+    (`split_call`) into the key of its compiled form, its array arguments and its state;
+    the `Cache` gives the entry for the key (compiling one on first use); an entry that has
+    run takes its lean warm call, JAX's C++ fast path (see `_jit_cache.warm_call`), and
+    any other goes through `_run`, which traces it first.
     """
 
     def __init__(self, fn: Callable, **jit_kwargs: Any):
@@ -143,19 +129,11 @@ class JitFunction:
         self._static_argnames = frozenset(
             (*names, *(positional[i] for i in static if 0 <= i < len(positional)))
         )
+        self._has_static = bool(self._static_argnums or self._static_argnames)
+        self._static_positions_cache: dict[Any, frozenset[int]] = {}
         self._fn = fn
         self._jit_kwargs = jit_kwargs
-        self._entries: dict[Any, _Entry] = {}
-        # For calls whose arguments are arrays, Variables and Modules only: by argument
-        # types, the positions of the Variables and Modules and of the arrays; by argument
-        # types and the ids of the Variables and Modules, the entry's key and the structures
-        # of the Modules when it was made.
-        self._plans: dict[tuple[type, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self._by_state: dict[tuple, tuple[Any, list[Structure]]] = {}
-        # The `_by_state` keys of each entry, for `_forget`.
-        self._state_keys: dict[Any, set[tuple]] = {}
-        self._static_positions_cache: dict[Any, frozenset[int]] = {}
-        self._has_static = bool(self._static_argnums or self._static_argnames)
+        self._cache = Cache()
         _wrap(self, fn)
         if not hasattr(self, "__name__"):  # a functools.partial or a callable object
             inner = fn.func if isinstance(fn, functools.partial) else fn
@@ -182,148 +160,95 @@ class JitFunction:
         key, entry, dynamic = self._prepare(args, kwargs)
         arrays = [v._value for v in entry.lifted]
         self._check_devices(entry.lifted, arrays, dynamic)
+        found = entry.trace(arrays, dynamic)
+        while found.needs_retrace:
+            entry = self._retrace(key, entry, found)
+            arrays = [v._value for v in entry.lifted]
+            found = entry.trace(arrays, dynamic)
         return entry.jitted.lower(arrays, dynamic)
+
+    def _prepare(self, args: tuple, kwargs: dict) -> tuple[Any, Entry, tuple[Any, ...]]:
+        """Splits a call; returns the key of its entry, the entry (made on first use) and
+        its array arguments."""
+        split = split_call(args, kwargs, self._is_static, self.__name__)
+        entry = self._cache.entries.get(split.key)
+        if entry is None:
+            held = [(position, reference(leaf)) for position, leaf in split.fixed]
+            entry = self._compile((split.treedef, held, split.variables), (), ())
+            modules = [leaf for _, leaf in split.fixed if isinstance(leaf, Node)]
+            self._cache.add(split.key, entry, modules)
+        if split.indexable and not self._has_static:
+            state = tuple(position for position, _ in split.fixed)
+            self._cache.index(args, state, split.key, split.structures)
+        return split.key, entry, split.dynamic
+
+    def _compile(self, split: tuple, extra: tuple, refs: tuple) -> Entry:
+        """Makes an entry (traced on its first call) for calls split into ``split``:
+        ``(treedef, held arguments, argument variables)``. It lifts the argument variables,
+        those the function reaches through its closure, ``extra`` and ``refs`` (held in
+        `jax.Ref`s while tracing)."""
+        _, _, arg_variables = split
+        refs = tuple(dict.fromkeys(refs))
+        closure = closure_variables(self._fn)
+        lifted = tuple(dict.fromkeys([*arg_variables, *closure, *extra, *refs]))
+        return Entry(self._fn, split, lifted, extra, refs, self._jit_kwargs)
+
+    def _retrace(self, key: Any, entry: Entry, found: Any) -> Entry:
+        """Replaces ``entry`` with one lifting what its trace found (see `Found`)."""
+        extra = (*entry.extra, *found.unlifted)
+        new = self._compile(entry.split, extra, (*entry.refs, *found.wanted_refs))
+        self._cache.entries[key] = new
+        return new
+
+    def _run(self, key: Any, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
+        """Calls ``entry`` on concrete arguments, donating and replacing the variables'
+        arrays: the warm call, or the first call of an entry (see `_first_call`)."""
+        if entry.epoch != _trainable_epoch[0]:
+            if _variable.compile_flags(entry.lifted) != entry.flags:
+                entry = self._compile(entry.split, entry.extra, entry.refs)
+                self._cache.entries[key] = entry
+            else:
+                entry.epoch, entry.call = _trainable_epoch[0], None
+        found = entry.last_found
+        if found is not None and found.needs_retrace:
+            entry = self._retrace(key, entry, found)  # JAX traced it again for new shapes
+        if entry.call is not None:
+            return entry.call(dynamic)
+        return self._first_call(key, entry, dynamic)
+
+    def _first_call(self, key: Any, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
+        """Traces ``entry`` (again with more variables lifted, while the trace finds
+        some), then runs it as the warm call does, holding signal handlers: JAX's first
+        call runs Python code after donating."""
+        box = Box()
+        with _update.state_lock:
+            arrays = entry.arrays()
+            self._check_devices(entry.lifted, arrays, dynamic)  # before anything is donated
+            found = entry.trace(arrays, dynamic)
+            while found.needs_retrace:
+                entry = self._retrace(key, entry, found)
+                arrays = []  # so that the arrays are not seen as shared
+                arrays = entry.arrays()
+                self._check_devices(entry.lifted, arrays, dynamic)
+                found = entry.trace(arrays, dynamic)
+            try:
+                with held_signals():
+                    store(entry, box, arrays, dynamic)
+            except Exception as error:
+                raise self._failed_call(entry.lifted, arrays, error, dynamic) from error
+            if entry.lifted and isinstance(entry.lifted[0]._value, Tracer):
+                # Called inside jax.jit without traced arguments: the whole call was traced
+                # (nothing ran, nothing was donated), so every value is a tracer.
+                for variable, array in zip(entry.lifted, arrays, strict=True):
+                    variable._value = array
+                raise self._under_transformation()
+        entry.call = warm_call(self, key, entry)
+        return box.value
 
     def _check_devices(self, lifted: tuple[Variable, ...], arrays: list, dynamic: tuple) -> None:
         named = [(f"Variable {v.name!r}", a) for v, a in zip(lifted, arrays, strict=True)]
         named += [(f"argument {i}", a) for i, a in enumerate(dynamic)]
         _placement.check_same_devices(f"The statevar.jit function {self.__name__!r}", named)
-
-    def _prepare(self, args: tuple, kwargs: dict) -> tuple[Any, _Entry, tuple[Any, ...]]:
-        """Splits a call into the key of its entry, the entry (compiled on first use) and
-        its array arguments."""
-        leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_state)
-        key_parts: list[Any] = [treedef]
-        dynamic, arg_variables, fixed, structures = [], [], [], []
-        flat = True  # no static argument among the leaves
-        for position, leaf in enumerate(leaves):
-            if isinstance(leaf, _ARRAY_TYPES) and not self._is_static(treedef, position):
-                if isinstance(leaf, Tracer):
-                    raise self._under_transformation()
-                _CONCRETE_TYPES.add(type(leaf))
-                dynamic.append(leaf)
-                continue
-            if isinstance(leaf, Variable):
-                arg_variables.append(leaf)
-                key_parts.append((position, id(leaf)))
-            elif isinstance(leaf, Node):
-                variables, structure = variables_and_structure(leaf)
-                structures.append(structure)
-                arg_variables.extend(variables)
-                # Keyed on the module's variables too, so replacing one retraces.
-                key_parts.append((position, id(leaf), tuple(map(id, variables))))
-            else:
-                key_parts.append((position, _static_key(leaf, self.__name__)))
-                flat = False
-            fixed.append((position, leaf))
-        if not fixed and not kwargs and all(isinstance(a, _ARRAY_TYPES) for a in args):
-            key: Any = len(args)
-        else:
-            key = tuple(key_parts)
-        entry = self._entries.get(key)
-        if entry is None:
-            held = [(position, _reference(leaf)) for position, leaf in fixed]
-            entry = self._entries[key] = self._compile((treedef, held, arg_variables), ())
-            for _, leaf in fixed:
-                if isinstance(leaf, Node):
-                    weakref.finalize(leaf, _forget, weakref.ref(self), key)
-        if (
-            fixed
-            and flat
-            and not kwargs
-            and not self._has_static
-            and len(leaves) == len(args)
-            and all(map(operator.is_, leaves, args))
-        ):
-            # Every argument is an array, a Variable or a Module: later calls with the same
-            # argument types, Variables and Modules find this entry without flattening or
-            # walking (see `jit`), while the Modules' structures are unchanged.
-            types = tuple(map(type, args))
-            state = tuple(position for position, _ in fixed)
-            self._plans[types] = (state, tuple(i for i in range(len(args)) if i not in state))
-            state_key = (types, tuple(map(id, map(args.__getitem__, state))))
-            previous = self._by_state.get(state_key)
-            self._by_state[state_key] = (key, structures)
-            self._state_keys.setdefault(key, set()).add(state_key)
-            if previous is not None and previous[0] != key:
-                self._drop_replaced(previous[0], state_key)
-        return key, entry, tuple(dynamic)
-
-    def _drop_replaced(self, key: Any, state_key: tuple) -> None:
-        """Drops the entry under ``key`` once no call reaches it through `_by_state`: the
-        same arguments now hold other variables (one was replaced in a Module), and the
-        old entry would keep the old variables and their buffers alive."""
-        state_keys = self._state_keys.get(key)
-        if state_keys is not None:
-            state_keys.discard(state_key)
-            if not state_keys:
-                del self._state_keys[key]
-                self._entries.pop(key, None)
-
-    def _run(self, key: Any, entry: _Entry, dynamic: tuple[Any, ...]) -> Any:
-        """Calls ``entry`` on concrete arguments, donating and replacing the variables' arrays."""
-        if entry.epoch != _trainable_epoch[0]:
-            if _variable.compile_flags(entry.lifted) != entry.flags:
-                entry = self._entries[key] = self._compile(entry.split, entry.extra, entry.refs)
-            entry.epoch = _trainable_epoch[0]
-        with _update.state_lock:
-            arrays = [v._value for v in entry.lifted]
-            # One pass in C for the common case: every array held by its variable alone.
-            if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
-                arrays = _update.copy_shared(arrays)
-            found = entry.found
-            # The arrays to put back if the call turns out to have been traced; a warm entry
-            # lifts every variable it writes, so its own arrays are all of them.
-            previous = (
-                (*arrays, *(v._value for v in found.written_unlifted))
-                if found.written_unlifted
-                else arrays
-            )
-            returned = _Returned()
-            if not entry.warm:  # refused before anything is donated
-                self._check_devices(entry.lifted, arrays, dynamic)
-            try:
-                if entry.warm:
-                    _store(found, returned, entry.jitted, arrays, dynamic)
-                else:
-                    # The first call traces, compiles and runs Python code after donating:
-                    # hold the signal handlers until the new values are stored.
-                    with held_signals():
-                        outputs = entry.jitted(arrays, dynamic)
-                        if found.targets and isinstance(outputs[0], Tracer):
-                            raise self._under_transformation()
-                        targets = itertools.chain(found.targets, (returned,))
-                        _consume(map(_setattr, targets, found.attributes, outputs))
-                    entry.warm = True
-            except Exception as error:
-                raise self._failed_call(entry.lifted, arrays, error, dynamic) from error
-            if found.targets and isinstance(found.targets[0]._value, Tracer):
-                # Called inside jax.jit without traced arguments: the whole call was traced
-                # (nothing ran, nothing was donated), so every value is a tracer. (A first
-                # call checks before storing: `previous` lacks what its trace found.)
-                _consume(map(_setattr, found.targets, found.attributes, previous))
-                raise self._under_transformation()
-            if found.retrace is not None:
-                # The trace met variables assigned under nested JAX transformations without
-                # a ref: it compiled to a step that gives back every variable unchanged.
-                # Trace again with refs for them, and run that.
-                unlifted, refs = found.retrace
-                entry = self._entries[key] = self._compile(
-                    entry.split, (*entry.extra, *unlifted), (*entry.refs, *refs)
-                )
-                return self._run(key, entry, dynamic)
-        result = returned.value
-        if found.unlifted:
-            # The trace touched variables it could not see beforehand (reads used their
-            # current values); lift them from the next call on.
-            self._entries[key] = self._compile(
-                entry.split, (*entry.extra, *entry.found.unlifted), entry.refs
-            )
-        elif entry.warm:
-            made_for = None if entry.call is None else entry.call.made_for  # type: ignore[attr-defined]
-            if made_for is None or made_for[0] != entry.epoch or made_for[1] is not found.targets:
-                entry.call = _warm_call(self, key, entry)
-        return result
 
     def _failed_call(
         self, lifted: tuple[Variable, ...], arrays: list, error: Exception, dynamic: tuple = ()
@@ -350,11 +275,7 @@ class JitFunction:
         )
 
     def _under_transformation(self) -> TraceContextError:
-        return TraceContextError(
-            f"Cannot call the statevar.jit function {self.__name__!r} inside jax.jit, "
-            "jax.grad, jax.vmap or another JAX transformation: the variables it assigns would "
-            "keep tracers. Call it outside, or use statevar.jit and statevar.grad throughout."
-        )
+        return _under_transformation(self.__name__)
 
     def _is_static(self, treedef: Any, position: int) -> bool:
         if not self._has_static:
@@ -378,126 +299,13 @@ class JitFunction:
         ]
         return frozenset(positions)
 
-    def _compile(self, split: tuple, extra: tuple, refs: tuple = ()) -> _Entry:
-        treedef, fixed, arg_variables = split
-        refs = tuple(dict.fromkeys(refs))
-        lifted = tuple(dict.fromkeys([*arg_variables, *closure_variables(self._fn), *extra, *refs]))
-        lifted_set = set(lifted)
-        fn = self._fn
-        # What the trace finds; not the entry itself, which would make a reference cycle
-        # (entry -> jitted -> pure -> entry) that only the garbage collector frees.
-        found = _Found()
 
-        def pure(arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Any:
-            values = dict(zip(lifted, arrays, strict=True))
-            frame = _trace.Frame("jit", values, {v: jax.new_ref(values.pop(v)) for v in refs})
-            with frame:
-                leaves, remaining, fixed_iter = [], iter(dynamic), iter(fixed)
-                next_fixed = next(fixed_iter, None)
-                for position in range(treedef.num_leaves):
-                    if next_fixed is not None and next_fixed[0] == position:
-                        leaves.append(next_fixed[1]())
-                        next_fixed = next(fixed_iter, None)
-                    else:
-                        leaves.append(next(remaining))
-                args, kwargs = treedef.unflatten(leaves)
-                result = read_variables(fn(*args, **kwargs))
-            if frame.wanted_refs:
-                # Finish this trace (raising out of it would leave JAX's caches of the nested
-                # functions' traces holding its tracers) as a step that changes nothing.
-                found.retrace = ((*frame.unlifted, *frame.written), tuple(frame.wanted_refs))
-                found.targets = lifted
-                found.attributes = ("_value",) * len(lifted) + ("value",)
-                return (*arrays, None)
-            written = tuple(v for v in frame.written if v not in lifted_set)
-            found.unlifted = (*frame.unlifted, *written)
-            found.written_unlifted = written
-            found.targets = (*lifted, *written)
-            found.attributes = ("_value",) * len(found.targets) + ("value",)
-            # The variables' values come before the result: XLA gives a donated buffer to
-            # the first output of its shape and dtype, which must be the variable's own.
-            final = {v: jax.freeze(ref) for v, ref in frame.refs.items()}
-            final.update(frame.values)
-            return (
-                *map(_variable.keep_sharding, found.targets, map(final.get, found.targets)),
-                result,
-            )
-
-        # keep_unused: a variable the function only writes is still donated and updated in
-        # place (JAX would otherwise prune the unread argument and its donation).
-        jitted = jax.jit(pure, donate_argnums=0, **{"keep_unused": True, **self._jit_kwargs})
-        return _Entry(lifted, jitted, split, extra, refs, found)
-
-
-def _store(found: _Found, box: _Returned, jitted: Callable, arrays: list, dynamic: tuple) -> None:
-    """Calls a warm entry's compiled function, donating ``arrays``, and stores its outputs.
-
-    The compiled call (JAX's C++ fast path) returns the variables' new values, then the
-    result; the same C call chain makes the call and stores each output where it belongs
-    (each variable's ``_value``, then ``box.value``), so no bytecode (where an exception such
-    as KeyboardInterrupt can land) comes between the donation and the stores.
-    """
-    _consume(
-        map(
-            _setattr,
-            itertools.chain(found.targets, (box,)),
-            found.attributes,
-            _flatten(map(jitted, (arrays,), (dynamic,))),
-        )
+def _under_transformation(name: str) -> TraceContextError:
+    return TraceContextError(
+        f"Cannot call the statevar.jit function {name!r} inside jax.jit, "
+        "jax.grad, jax.vmap or another JAX transformation: the variables it assigns would "
+        "keep tracers. Call it outside, or use statevar.jit and statevar.grad throughout."
     )
-
-
-def _warm_call(function: JitFunction, key: Any, entry: _Entry) -> Callable[[tuple], Any]:
-    """Returns the lean call of a warm entry: the hot path of a compiled step.
-
-    It does what `JitFunction._run` does for a warm entry, with everything fixed between
-    calls bound once: the variables, the compiled function and where its outputs go (the
-    targets, then a result box reused by every call, read and cleared under the lock). It
-    holds neither the entry nor the function (a reference cycle would free them only when
-    the garbage collector runs): it refers to the function weakly, and hands the call to
-    `_run` when the trainable epoch or the trace changed since it was made (``call.made_for``).
-    """
-    function_ref = weakref.ref(function)
-    lifted, jitted, found = entry.lifted, entry.jitted, entry.found
-    made_for = epoch, made_targets = entry.epoch, found.targets
-    box = _Returned()
-    targets, attributes = (*found.targets, box), found.attributes
-    first_target = found.targets[0] if found.targets else None
-
-    def call(dynamic: tuple[Any, ...]) -> Any:
-        if _trainable_epoch[0] != epoch or found.targets is not made_targets:
-            compiled = function_ref()
-            return compiled._run(key, compiled._entries[key], dynamic)  # type: ignore[union-attr]
-        # Acquired inside the try, so that an exception landing right after acquiring still
-        # releases (see `Variable.assign`).
-        try:
-            _acquire()
-            arrays = [v._value for v in lifted]
-            # One pass in C for the common case: every array held by its variable alone.
-            if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
-                arrays = _update.copy_shared(arrays)
-            try:
-                # As `_store`, with the targets and the box bound once.
-                _consume(
-                    map(_setattr, targets, attributes, _flatten(map(jitted, (arrays,), (dynamic,))))
-                )
-            except Exception as error:
-                failed = function_ref()._failed_call  # type: ignore[union-attr]
-                raise failed(lifted, arrays, error, dynamic) from error
-            result, box.value = box.value, None
-            if first_target is not None and isinstance(first_target._value, Tracer):
-                # Called inside jax.jit without traced arguments: traced, nothing donated.
-                _consume(map(_setattr, found.targets, attributes, arrays))
-                raise function_ref()._under_transformation()  # type: ignore[union-attr]
-        finally:
-            try:
-                _release()
-            except RuntimeError:
-                pass  # acquire itself was interrupted while waiting: nothing to release
-        return result
-
-    call.made_for = made_for  # type: ignore[attr-defined]
-    return call
 
 
 def _wrap(wrapper: Any, fn: Any) -> Any:
@@ -507,32 +315,6 @@ def _wrap(wrapper: Any, fn: Any) -> Any:
     for name, value in getattr(fn, "__dict__", {}).items():
         wrapper.__dict__.setdefault(name, value)
     return wrapper
-
-
-def _reference(argument: Any) -> Callable[[], Any]:
-    """Returns a function giving back a non-array argument when the entry is traced.
-
-    A Module is referenced weakly, so that an entry (with its compiled code and the
-    Module's variables) does not keep the Module alive: a compiled method must not keep
-    every instance it ran on. When the Module is freed, `_forget` drops the entries keyed on
-    its id, before the id can be reused. Anything else (a Variable, a static argument) is
-    held: its id is in the entry's key.
-    """
-    if isinstance(argument, Node):
-        return weakref.ref(argument)
-    return lambda: argument
-
-
-def _forget(function_ref: weakref.ref, key: Any) -> None:
-    """Drops the entries of a `JitFunction` keyed on a Module that has been freed."""
-    function = function_ref()
-    if function is None:
-        return
-    # No iteration over shared dicts: this runs from the garbage collector, possibly in the
-    # middle of another call that changes them.
-    function._entries.pop(key, None)
-    for state_key in function._state_keys.pop(key, ()):
-        function._by_state.pop(state_key, None)
 
 
 def _static_key(leaf: Any, function_name: str) -> Any:
@@ -608,8 +390,8 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         # @statevar.jit above @staticmethod or @classmethod: compile the function inside.
         return type(fn)(jit(fn.__func__, **jit_kwargs))
     compiled = JitFunction(fn, **jit_kwargs)
-    entries, run, general = compiled._entries, compiled._run, compiled.__call__
-    plans, by_state = compiled._plans, compiled._by_state
+    run, general = compiled._run, compiled.__call__
+    entries, find = compiled._cache.entries, compiled._cache.find
     accepts = _CONCRETE_TYPES.issuperset
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -628,16 +410,11 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
             else:
                 # Fast path for step(model, x) and methods: arrays, Variables and Modules
                 # seen before, as long as the Modules still hold the same objects.
-                plan = plans.get(types)
-                if plan is not None:
-                    state, arrays = plan
-                    found = by_state.get((types, tuple(map(id, map(args.__getitem__, state)))))
-                    if found is not None and all(s.unchanged() for s in found[1]):
-                        key = found[0]
-                        entry = entries[key]
-                        dynamic = tuple(map(args.__getitem__, arrays))
-                        warm = entry.call
-                        return run(key, entry, dynamic) if warm is None else warm(dynamic)
+                indexed = find(types, args)
+                if indexed is not None:
+                    key, entry, dynamic = indexed
+                    warm = entry.call
+                    return run(key, entry, dynamic) if warm is None else warm(dynamic)
         return general(*args, **kwargs)
 
     if isinstance(fn, types.FunctionType):

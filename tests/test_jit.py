@@ -204,7 +204,7 @@ def test_a_compiled_method_does_not_keep_its_instances_alive():
         kept.step(1.0)
     finally:
         gc.enable()
-    assert len(Model.step.jit_function._entries) == 1  # only the live instance's
+    assert len(Model.step.jit_function._cache.entries) == 1  # only the live instance's
     kept.step(1.0)
     assert float(kept.w[0]) == 2.0
 
@@ -515,7 +515,7 @@ def test_a_replaced_variable_is_not_kept_alive_by_the_old_compiled_entry():
         assert old() is None
     finally:
         gc.enable()
-    assert len(bump.jit_function._entries) == 1 and float(net.first.w) == 11.0
+    assert len(bump.jit_function._cache.entries) == 1 and float(net.first.w) == 11.0
 
 
 def test_an_unchanged_module_argument_is_not_walked_again(monkeypatch):

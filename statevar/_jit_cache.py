@@ -1,0 +1,360 @@
+"""The compiled forms of one `statevar.jit` function, and how a call finds its own.
+
+An `Entry` is one compiled form: the variables it lifts into the trace (in order), its
+`jax.jit` of the pure function, and, once it has run, its lean warm call. Tracing an entry
+returns what the trace `Found`; the compiled step takes the variables' arrays and the call's
+array arguments and returns every lifted variable's new array, then the result.
+
+A `Cache` owns every entry of one function and the indexes that let a call find its entry
+without flattening its arguments. Its invariants:
+
+- ``entries[key]`` is the entry for calls split to ``key`` (see `_jit.split_call`).
+- A Module in a key is held weakly (see `reference`); when it is freed, `Cache.forget`
+  drops the entries keyed on it and their fast-path indexes, before its id can be reused.
+- ``by_state[state_key] = (key, structures)`` only while ``entries[key]`` exists, and
+  ``state_keys[key]`` holds every state key pointing at ``key``.
+- Nothing here refers back to the `JitFunction` but weakly, and no entry refers to itself:
+  an entry and what it lifts are freed as soon as the cache lets go of them.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import sys
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from . import _trace, _update, _variable
+from ._convert import Tracer
+from ._tree import Node, Structure, read_variables
+from ._variable import Variable
+
+if TYPE_CHECKING:
+    from ._jit import JitFunction
+
+# Bound once: the warm call is the hot path of a compiled step.
+_getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
+_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
+_flatten = itertools.chain.from_iterable
+_setattr = setattr
+_acquire, _release = _update.state_lock.acquire, _update.state_lock.release
+_trainable_epoch = _variable.trainable_epoch  # a one-item list, updated in place
+
+
+class Found:
+    """What one trace of an entry found beyond the variables it lifted.
+
+    Attributes:
+      unlifted: variables the function read or assigned that the entry did not lift.
+      wanted_refs: variables assigned under a nested JAX transformation (cond, scan, ...)
+        that the entry did not hold in a `jax.Ref`.
+
+    Either makes the trace a step that gives every variable back unchanged: the caller
+    compiles an entry lifting them (`needs_retrace`) and runs that instead.
+    """
+
+    __slots__ = ("unlifted", "wanted_refs")
+
+    def __init__(self, unlifted: tuple[Variable, ...], wanted_refs: tuple[Variable, ...]):
+        self.unlifted = unlifted
+        self.wanted_refs = wanted_refs
+
+    @property
+    def needs_retrace(self) -> bool:
+        return bool(self.unlifted or self.wanted_refs)
+
+
+class _Traced:
+    """Receives the `Found` of the latest trace of an entry's pure function (JAX traces it
+    inside `Entry.trace`, or again inside a call with new argument shapes)."""
+
+    __slots__ = ("found",)
+
+    def __init__(self) -> None:
+        self.found: Found | None = None
+
+
+class Box:
+    """Receives a compiled call's result, stored by the same C call chain as the variables'
+    new arrays (see `warm_call`)."""
+
+    __slots__ = ("value",)
+
+
+class Entry:
+    """One compiled form of a function: the variables it lifts and its `jax.jit`.
+
+    Attributes:
+      lifted: the variables whose arrays the step takes (donated) and returns, in order.
+      refs: those held in `jax.Ref`s while tracing (assigned under nested transformations).
+      split: how the call's arguments were split: ``(treedef, held, arg_variables)``.
+      extra: variables lifted because an earlier trace found them (see `Found`).
+      jitted: the `jax.jit` of the pure function.
+      flags: `_variable.compile_flags` of ``lifted`` when traced; checked again whenever
+        a trainable flag or a sharding changed anywhere (a new ``epoch``).
+      call: the lean warm call (see `warm_call`), once the entry has run; None before.
+    """
+
+    __slots__ = ("lifted", "refs", "split", "extra", "jitted", "flags", "epoch", "call", "_traced")
+
+    def __init__(
+        self,
+        fn: Callable,
+        split: tuple,
+        lifted: tuple[Variable, ...],
+        extra: tuple[Variable, ...],
+        refs: tuple[Variable, ...],
+        jit_kwargs: dict[str, Any],
+    ):
+        self.lifted, self.refs, self.split, self.extra = lifted, refs, split, extra
+        self._traced = _Traced()
+        pure = _pure_step(fn, split, lifted, refs, self._traced)
+        # keep_unused: a variable the function only writes is still donated and updated in
+        # place (JAX would otherwise prune the unread argument and its donation).
+        self.jitted = jax.jit(pure, donate_argnums=0, **{"keep_unused": True, **jit_kwargs})
+        self.flags = _variable.compile_flags(lifted)
+        self.epoch = _trainable_epoch[0]
+        self.call: Callable[[tuple[Any, ...]], Any] | None = None
+
+    def arrays(self) -> list[jax.Array]:
+        """The lifted variables' arrays, ready to donate: each held by its variable alone,
+        or a copy (an array read earlier stays valid). Call it under the state lock."""
+        arrays = [v._value for v in self.lifted]
+        # One pass in C for the common case: every array held by its variable alone.
+        if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
+            arrays = _update.copy_shared(arrays)
+        return arrays
+
+    def trace(self, arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Found:
+        """Traces the step for these arguments (JAX keeps the trace for the call that
+        follows) and returns what it found. Runs nothing and donates nothing."""
+        self.jitted.trace(arrays, dynamic)
+        found = self._traced.found
+        assert found is not None  # set by every trace of the pure function
+        return found
+
+    @property
+    def last_found(self) -> Found | None:
+        """What the latest trace found: JAX traces again, inside a call, for new shapes."""
+        return self._traced.found
+
+
+def _pure_step(
+    fn: Callable,
+    split: tuple,
+    lifted: tuple[Variable, ...],
+    refs: tuple[Variable, ...],
+    traced: _Traced,
+) -> Callable:
+    """Returns the pure function an entry compiles: ``(arrays, dynamic) -> (*new arrays of
+    the lifted variables, result)``, reporting what each trace found to ``traced``."""
+    treedef, held, _ = split
+
+    def pure(arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Any:
+        values = dict(zip(lifted, arrays, strict=True))
+        frame = _trace.Frame("jit", values, {v: jax.new_ref(values.pop(v)) for v in refs})
+        with frame:
+            args, kwargs = treedef.unflatten(_merge(treedef.num_leaves, held, dynamic))
+            result = read_variables(fn(*args, **kwargs))
+        lifted_set = set(lifted)
+        unlifted = (*frame.unlifted, *(v for v in frame.written if v not in lifted_set))
+        traced.found = Found(tuple(dict.fromkeys(unlifted)), tuple(frame.wanted_refs))
+        if traced.found.needs_retrace:
+            # Finish this trace (raising out of it would leave JAX's caches of the nested
+            # functions' traces holding its tracers) as a step that changes nothing.
+            return (*arrays, None)
+        final = {v: jax.freeze(ref) for v, ref in frame.refs.items()}
+        final.update(frame.values)
+        # The variables' values come before the result: XLA gives a donated buffer to the
+        # first output of its shape and dtype, which must be the variable's own.
+        return (*map(_variable.keep_sharding, lifted, map(final.get, lifted)), result)
+
+    return pure
+
+
+def _merge(count: int, held: list[tuple[int, Callable[[], Any]]], dynamic: tuple) -> list:
+    """The ``count`` leaves of a call: each held argument at its position (``held`` is in
+    position order), the array arguments filling the rest in order."""
+    leaves, remaining, held_iter = [], iter(dynamic), iter(held)
+    next_held = next(held_iter, None)
+    for position in range(count):
+        if next_held is not None and next_held[0] == position:
+            leaves.append(next_held[1]())
+            next_held = next(held_iter, None)
+        else:
+            leaves.append(next(remaining))
+    return leaves
+
+
+def store(entry: Entry, box: Box, arrays: list[jax.Array], dynamic: tuple) -> None:
+    """Calls ``entry``'s compiled step, donating ``arrays``, and stores its outputs: each
+    lifted variable's new array, then the result into ``box.value``.
+
+    The compiled call (JAX's C++ fast path once warm) and every store happen in one C call
+    chain, so no bytecode (where an exception such as KeyboardInterrupt can land) comes
+    between the donation and the stores.
+    """
+    _consume(
+        map(
+            _setattr,
+            itertools.chain(entry.lifted, (box,)),
+            itertools.chain(itertools.repeat("_value", len(entry.lifted)), ("value",)),
+            _flatten(map(entry.jitted, (arrays,), (dynamic,))),
+        )
+    )
+
+
+def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple], Any]:
+    """Returns the lean call of an entry that has run: the hot path of a compiled step.
+
+    It does what `JitFunction._run` does, with everything fixed between calls bound once:
+    the variables, the compiled function, where its outputs go (the variables, then a
+    result box that every call reuses, read and cleared under the lock). It holds neither
+    the entry nor the function (a reference cycle would free them only when the garbage
+    collector runs), and hands the call to the function's `_run` when any trainable flag
+    or sharding changed (a new epoch) or JAX traced the step again for new argument shapes
+    and that trace found variables to lift.
+    """
+    function_ref = weakref.ref(function)
+    lifted, jitted, traced = entry.lifted, entry.jitted, entry._traced
+    epoch = entry.epoch
+    box = Box()
+    targets = (*lifted, box)
+    attributes = ("_value",) * len(lifted) + ("value",)
+    first = lifted[0] if lifted else None
+
+    def call(dynamic: tuple[Any, ...]) -> Any:
+        if _trainable_epoch[0] != epoch:
+            return _run(function_ref, key, dynamic)
+        # Acquired inside the try, so that an exception landing right after acquiring still
+        # releases (see `Variable.assign`).
+        try:
+            _acquire()
+            arrays = [v._value for v in lifted]
+            if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
+                arrays = _update.copy_shared(arrays)
+            found = traced.found
+            try:
+                # As `store`, with the targets bound once.
+                _consume(
+                    map(_setattr, targets, attributes, _flatten(map(jitted, (arrays,), (dynamic,))))
+                )
+            except Exception as error:
+                failed = function_ref()._failed_call  # type: ignore[union-attr]
+                raise failed(lifted, arrays, error, dynamic) from error
+            result, box.value = box.value, None
+            if first is not None and isinstance(first._value, Tracer):
+                # Called inside jax.jit without traced arguments: traced, nothing donated.
+                _consume(map(_setattr, lifted, attributes, arrays))
+                raise function_ref()._under_transformation()  # type: ignore[union-attr]
+        finally:
+            try:
+                _release()
+            except RuntimeError:
+                pass  # acquire itself was interrupted while waiting: nothing to release
+        if traced.found is not found and traced.found.needs_retrace:  # type: ignore[union-attr]
+            # JAX traced again for new shapes, and that trace gave every variable back
+            # unchanged: run the call again on an entry lifting what it found.
+            return _run(function_ref, key, dynamic)
+        return result
+
+    return call
+
+
+def _run(function_ref: weakref.ref[JitFunction], key: Any, dynamic: tuple[Any, ...]) -> Any:
+    function = function_ref()
+    assert function is not None  # it holds the cache that holds the calling entry
+    return function._run(key, function._cache.entries[key], dynamic)
+
+
+def reference(argument: Any) -> Callable[[], Any]:
+    """Returns a function giving back a non-array argument when the entry is traced.
+
+    A Module is referenced weakly, so that an entry (with its compiled code and the
+    Module's variables) does not keep the Module alive: a compiled method must not keep
+    every instance it ran on. When the Module is freed, `Cache.forget` drops the entries
+    keyed on its id, before the id can be reused. Anything else (a Variable, a static
+    argument) is held: its id is in the entry's key.
+    """
+    if isinstance(argument, Node):
+        return weakref.ref(argument)
+    return lambda: argument
+
+
+class Cache:
+    """Every entry of one compiled function, by key, and the fast indexes into them (see
+    the module's docstring for the invariants)."""
+
+    __slots__ = ("entries", "plans", "by_state", "state_keys", "__weakref__")
+
+    def __init__(self) -> None:
+        self.entries: dict[Any, Entry] = {}
+        # For calls whose arguments are arrays, Variables and Modules only: by argument
+        # types, the positions of the Variables and Modules and of the arrays; by argument
+        # types and the ids of the Variables and Modules, the entry's key and the
+        # structures of the Modules when it was made.
+        self.plans: dict[tuple[type, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.by_state: dict[tuple, tuple[Any, list[Structure]]] = {}
+        self.state_keys: dict[Any, set[tuple]] = {}
+
+    def add(self, key: Any, entry: Entry, modules: list[Node]) -> None:
+        """Stores a new entry; ``modules`` are the Modules in its key, held weakly."""
+        self.entries[key] = entry
+        for module in modules:
+            weakref.finalize(module, _forget, weakref.ref(self), key)
+
+    def index(
+        self, args: tuple, state: tuple[int, ...], key: Any, structures: list[Structure]
+    ) -> None:
+        """Lets later calls with the same argument types, Variables and Modules (at the
+        positions ``state``) find the entry under ``key`` without flattening or walking."""
+        types = tuple(map(type, args))
+        self.plans[types] = (state, tuple(i for i in range(len(args)) if i not in state))
+        state_key = (types, tuple(map(id, map(args.__getitem__, state))))
+        previous = self.by_state.get(state_key)
+        self.by_state[state_key] = (key, structures)
+        self.state_keys.setdefault(key, set()).add(state_key)
+        if previous is not None and previous[0] != key:
+            self._drop_replaced(previous[0], state_key)
+
+    def find(self, types: tuple[type, ...], args: tuple) -> tuple[Any, Entry, tuple] | None:
+        """The key, entry and array arguments of a call (its arguments ``args``, of types
+        ``types``) indexed before, if its Modules still hold the same objects; else None."""
+        plan = self.plans.get(types)
+        if plan is None:
+            return None
+        state, arrays = plan
+        indexed = self.by_state.get((types, tuple(map(id, map(args.__getitem__, state)))))
+        if indexed is None or not all(s.unchanged() for s in indexed[1]):
+            return None
+        key = indexed[0]
+        return key, self.entries[key], tuple(map(args.__getitem__, arrays))
+
+    def _drop_replaced(self, key: Any, state_key: tuple) -> None:
+        """Drops the entry under ``key`` once no call reaches it through ``by_state``: the
+        same arguments now hold other variables (one was replaced in a Module), and the
+        old entry would keep the old variables and their buffers alive."""
+        state_keys = self.state_keys.get(key)
+        if state_keys is not None:
+            state_keys.discard(state_key)
+            if not state_keys:
+                del self.state_keys[key]
+                self.entries.pop(key, None)
+
+    def forget(self, key: Any) -> None:
+        """Drops the entry under ``key`` and its indexes: a Module in the key was freed."""
+        # No iteration over shared dicts: this runs from a finalizer, possibly in the middle
+        # of another call that changes them.
+        self.entries.pop(key, None)
+        for state_key in self.state_keys.pop(key, ()):
+            self.by_state.pop(state_key, None)
+
+
+def _forget(cache_ref: weakref.ref, key: Any) -> None:
+    cache = cache_ref()
+    if cache is not None:
+        cache.forget(key)
