@@ -1,8 +1,8 @@
 """Closure discovery: the variables a function can reach before it is traced.
 
 `statevar.jit` lifts these variables (passes their buffers, donated, into the compiled
-call) from the first trace on; a variable reached any other way is found while tracing and
-lifted from the next call.
+call) from the first trace on; a variable reached any other way is found while tracing, and
+the call traces again, lifting it, before running.
 """
 
 from __future__ import annotations

@@ -351,8 +351,8 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
 
     Variables a function reaches through globals, closures, functions it calls from its own
     module and the Modules and Optimizers those hold are found before the first trace. A
-    variable reached any other way is found while tracing: that first call uses its current
-    value and the next call traces once more to lift it. As with ``tf.function``, captured
+    variable reached any other way is found while tracing, and the call traces once more,
+    lifting it, before running anything. As with ``tf.function``, captured
     variables are bound when the function is traced: rebinding a global name to a new
     Variable afterwards is not seen (pass it as an argument instead).
 
