@@ -298,7 +298,7 @@ def _like(shape: tuple[int, ...], dtype: Any, sharding: Any) -> jax.ShapeDtypeSt
 # --------------------------------------------------------------------------- the variable
 
 
-class OnReadVariable(Variable):
+class OnReadVariable(Variable, synchronization="on_read"):
     """A `Variable` made with ``synchronization="on_read"``: one value per replica.
 
     Created by ``statevar.Variable(..., synchronization="on_read", aggregation=...)``;

@@ -275,13 +275,20 @@ class Variable(RefusedInPlace, ArrayOperators):
     _synchronization = "auto"
     _aggregation = "none"
 
+    # The class of each synchronization that has its own, registered by defining it with
+    # ``class OnReadVariable(Variable, synchronization="on_read")`` (see `_on_read`).
+    _synchronized_classes: dict[str, type[Variable]] = {}
+
+    def __init_subclass__(cls, synchronization: str | None = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if synchronization is not None:
+            Variable._synchronized_classes[synchronization] = cls
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
         if cls is Variable and is_on_read(kwargs.get("synchronization")):
             # One value per replica: its own class, so that no update of it ever takes the
             # eager hot path of `_update` (see `_on_read`).
-            from ._on_read import OnReadVariable
-
-            cls = OnReadVariable
+            cls = Variable._synchronized_classes["on_read"]
         return object.__new__(cls)
 
     def __init__(

@@ -1,0 +1,62 @@
+"""The package's modules form layers: each imports only modules below it, at the top."""
+
+import ast
+import graphlib
+import pathlib
+
+import statevar
+
+PACKAGE = pathlib.Path(statevar.__file__).parent
+
+
+def _imports(path: pathlib.Path) -> tuple[set[str], list[str]]:
+    """Returns the statevar modules ``path`` imports at run time at its top level, and a
+    description of each import of a statevar module made anywhere else."""
+    tree = ast.parse(path.read_text())
+    top: set[str] = set()
+    elsewhere: list[str] = []
+    top_level = set(map(id, tree.body))
+    type_checking = {
+        id(node)
+        for block in tree.body
+        if isinstance(block, ast.If)
+        and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for node in ast.walk(block)
+    }
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level != 1:
+            continue
+        modules = [node.module] if node.module else [alias.name for alias in node.names]
+        if id(node) in top_level:
+            top.update(modules)
+        elif id(node) not in type_checking:  # imports for type checkers only never run
+            elsewhere += [f"{path.name}:{node.lineno} imports {m}" for m in modules]
+    return top, elsewhere
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+    graph, elsewhere = {}, []
+    for path in sorted(PACKAGE.glob("*.py")):
+        graph[path.stem], found = _imports(path)
+        elsewhere += found
+    return graph, elsewhere
+
+
+def test_no_module_imports_another_inside_a_function():
+    # An import inside a function is how a cycle hides; every import is at the top.
+    assert _graph()[1] == []
+
+
+def test_the_import_graph_has_no_cycle():
+    graph, _ = _graph()
+    order = list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError
+    assert order[-1] == "__init__"  # the package imports everything; nothing imports it
+
+
+def test_the_foundations_import_nothing_above_them():
+    graph, _ = _graph()
+    # Errors and the signal guard import no statevar module; the core Variable imports
+    # nothing that walks trees, traces, compiles, optimizes or checkpoints.
+    assert graph["_errors"] == set() and graph["_signals"] == set()
+    above_the_variable = {"_tree", "_module", "_jit", "_grad", "_optim", "_checkpoint"}
+    assert not graph["_variable"] & above_the_variable
