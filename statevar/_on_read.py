@@ -34,7 +34,8 @@ from . import _placement, _trace, _update
 from ._convert import PHRASES, Tracer, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from ._signals import held_signals
-from ._variable import Variable, placement_epoch, read_operand
+from ._variable import Variable, placement_epoch
+from ._view import read_operand
 
 _getrefcount, _SOLE_HOLDER = sys.getrefcount, _update.SOLE_HOLDER
 _LOCAL_OPERATIONS = ("assign", "assign_add", "assign_sub")
@@ -113,7 +114,7 @@ class PerReplica:
         """
         if not isinstance(self.values, tuple):
             return self.values
-        values = [v._read() if isinstance(v, Variable) else v for v in self.values]
+        values = [read_operand(v) for v in self.values]
         if any(isinstance(v, Tracer) for v in values):
             return jnp.stack([jnp.asarray(v) for v in values])
         return np.stack([np.asarray(v) for v in values])

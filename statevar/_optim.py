@@ -20,8 +20,8 @@ from ._errors import TraceContextError
 from ._jit import jit
 from ._optimizer_state import legacy_order, state_layout, state_names, unique
 from ._placement import is_multi_device, replicated
-from ._tree import is_differentiable, is_variable, named_targets, variable_tree
-from ._variable import Variable, refuse_view
+from ._tree import is_differentiable, is_variable, named_targets, not_a_variable, variable_tree
+from ._variable import Variable
 
 # Every live Optimizer, to find the names its state variables had before they were named
 # after their parameters (see `legacy_names`).
@@ -399,11 +399,13 @@ class Optimizer:
                     f"{type(pair).__name__} at position {i}"
                 )
             if not isinstance(pair[1], Variable):
-                raise TypeError(
+                raise not_a_variable(
+                    pair[1],
+                    "apply_gradients' pairs",
+                    f"position {i}",
                     f"Expected (gradient, variable) pairs, as zip(grads, variables) gives; got "
-                    f"a {type(pair[1]).__name__} in place of the variable at position {i}"
+                    f"a {type(pair[1]).__name__} in place of the variable at position {i}",
                 )
-            refuse_view(pair[1], "apply_gradients' pairs", f"position {i}")
         if not self._built:
             self.build([variable for _, variable in pairs])
         by_variable: dict[Variable, Any] = {}
