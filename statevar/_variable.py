@@ -12,7 +12,6 @@ import numpy as np
 
 from . import _placement, _trace, _update
 from ._convert import (
-    PHRASES,
     Tracer,
     check_initial_conversion,
     check_not_deleted,
@@ -24,10 +23,11 @@ from ._convert import (
 from ._errors import DtypeMismatchError, TraceContextError
 from ._operators import RefusedInPlace
 from ._signals import held_signals
+from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK, Operation
 from ._view import Readable, read_operand, traced_update_error, unwrap_index
 
 # Bound once: the eager update is a hot path.
-_UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
+_SOLE_HOLDER, _getrefcount = _update.SOLE_HOLDER, sys.getrefcount
 _state_lock = _update.state_lock
 _acquire, _release = _state_lock.acquire, _state_lock.release
 _settings = _placement._settings
@@ -153,8 +153,8 @@ def _default_device() -> jax.Device:
     return jax.local_devices()[0]
 
 
-def _eager_update(operation: str, doc: str) -> Callable[[Variable, Any], Variable]:
-    """Builds the method ``operation`` (``assign``, ``assign_add``, ``assign_sub``): the eager
+def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], Variable]:
+    """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`, `ASSIGN_SUB`): the eager
     hot path, with everything else left to `Variable._update`.
 
     One body serves the three methods, each its own function, so a call costs one Python
@@ -165,13 +165,13 @@ def _eager_update(operation: str, doc: str) -> Callable[[Variable, Any], Variabl
     respect to exceptions raised at any bytecode (``KeyboardInterrupt``, a signal
     handler's): the variable then holds its old or its new array, never a deleted one.
     """
-    donating, copying = _UPDATES[operation]
+    name, donating, copying = operation.name, operation.donating, operation.copying
 
     def update(self: Variable, value: jax.typing.ArrayLike | Variable) -> Variable:
         current = self._value
         if (
             type(value) is type(current)
-            and operation in self._compiled
+            and name in self._compiled
             and value.aval == current.aval  # type: ignore[union-attr]
             and not value._committed  # type: ignore[union-attr]
             and not _trace.open_frames
@@ -199,12 +199,12 @@ def _eager_update(operation: str, doc: str) -> Callable[[Variable, Any], Variabl
                 except RuntimeError:
                     pass  # acquire itself was interrupted while waiting: nothing to release
             if _settings.log_placement:
-                _placement.log(self.name, operation, self.device)
+                _placement.log(self.name, name, self.device)
             return self
         del current
         return self._update(operation, value)
 
-    update.__name__ = update.__qualname__ = operation
+    update.__name__ = update.__qualname__ = name
     update.__doc__ = doc
     return update
 
@@ -466,7 +466,7 @@ class Variable(RefusedInPlace, Readable):
 
     # The eager updates are built by `_eager_update` (one code body, no extra call): see there.
     assign = _eager_update(
-        "assign",
+        ASSIGN,
         """Sets the variable to ``value``, in place.
 
         The value is converted to the variable's dtype when that is safe and broadcast to
@@ -485,14 +485,14 @@ class Variable(RefusedInPlace, Readable):
         """,
     )
     assign_add = _eager_update(
-        "assign_add",
+        ASSIGN_ADD,
         """Adds ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
         """,
     )
     assign_sub = _eager_update(
-        "assign_sub",
+        ASSIGN_SUB,
         """Subtracts ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
@@ -517,9 +517,9 @@ class Variable(RefusedInPlace, Readable):
         ):
             # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
             value = convert_for_update(
-                read_operand(value), self._value, self.name, "setitem", target_shape=()
+                read_operand(value), self._value, self.name, SETITEM, target_shape=()
             )
-            self._update("setmask", value, (index,))
+            self._update(SETMASK, value, (index,))
             return
         static, dynamic = _update.split_index(index)
         if not any(isinstance(part, Tracer) for part in dynamic):
@@ -543,9 +543,9 @@ class Variable(RefusedInPlace, Readable):
                 lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)
             ).shape
         value = convert_for_update(
-            read_operand(value), self._value, self.name, "setitem", target_shape=target
+            read_operand(value), self._value, self.name, SETITEM, target_shape=target
         )
-        self._update("setitem", value, (dynamic, static))
+        self._update(SETITEM, value, (dynamic, static))
 
     def _placed_index(self, index: Any) -> Any:
         """Refuses deleted index arrays, and copies index arrays on another device to the
@@ -567,8 +567,8 @@ class Variable(RefusedInPlace, Readable):
 
         return tuple(map(place, index)) if isinstance(index, tuple) else place(index)
 
-    def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
-        """Applies ``operation`` (a key of `_update.UPDATES`) in place: the general path.
+    def _update(self, operation: Operation, value: Any, index: tuple | None = None) -> Variable:
+        """Applies ``operation`` in place: the general path.
 
         Converts and checks ``value`` (a whole-variable update, ``index`` None; setitem and
         setmask validate it against the indexed part first and pass their index operands),
@@ -587,7 +587,8 @@ class Variable(RefusedInPlace, Readable):
                 and (not value._committed or value.sharding == current.sharding)
             ):
                 # An uncommitted value: the bare operation, the key the hot path looks for.
-                signature: Any = (operation, "committed") if value._committed else operation
+                key = operation.name
+                signature: Any = (key, "committed") if value._committed else key
             else:
                 value = convert_for_update(read_operand(value), current, self.name, operation)
                 signature = None
@@ -597,11 +598,11 @@ class Variable(RefusedInPlace, Readable):
         if _trace.open_frames and _trace.innermost() is not None:
             # While statevar.jit or statevar.grad traces: record the new traced value.
             self._check_operation(operation)
-            old = _trace.read(self) if operation != "assign" else None
+            old = _trace.read(self) if operation is not ASSIGN else None
             if old is None:
                 old = self._value
-            new = _update.PURE[operation](old, value, *(index or ()))
-            _trace.write(self, new, PHRASES[operation])
+            new = operation.pure(old, value, *(index or ()))
+            _trace.write(self, new, operation.phrase)
             return self
         if signature is None:
             signature = _update.signature(operation, value, index)
@@ -612,7 +613,7 @@ class Variable(RefusedInPlace, Readable):
             donating, copying = _update.pinned_updates(operation, sharding)
             signature = (signature, sharding)
         else:
-            donating, copying = _UPDATES[operation]
+            donating, copying = operation.donating, operation.copying
         with _state_lock:
             update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
@@ -635,10 +636,10 @@ class Variable(RefusedInPlace, Readable):
             if cold:
                 self._compiled.add(signature)
         if _settings.log_placement:
-            _placement.log(self.name, operation, self.device)
+            _placement.log(self.name, operation.name, self.device)
         return self
 
-    def _failed_update(self, operation: str, value: Any, old: jax.Array) -> Variable:
+    def _failed_update(self, operation: Operation, value: Any, old: jax.Array) -> Variable:
         """Handles an update whose jitted call failed; the variable still holds ``old``.
 
         Returns the variable if the failure is recovered (an assign to a variable whose
@@ -646,30 +647,30 @@ class Variable(RefusedInPlace, Readable):
         """
         if old.is_deleted():
             # Donated or deleted outside statevar: only assign can restore it.
-            if operation != "assign":
-                raise self._deleted_error(f"Cannot {PHRASES[operation]}") from None
+            if operation is not ASSIGN:
+                raise self._deleted_error(f"Cannot {operation.phrase}") from None
             self._value = _update.fresh(value, old)
             return self
         # An array deleted (donated elsewhere) that passed the inline check above.
-        check_not_deleted(value, f"Cannot {PHRASES[operation]} Variable '{self.name}'")
+        check_not_deleted(value, f"Cannot {operation.phrase} Variable '{self.name}'")
         raise  # the jitted call's error, which the caller is handling
 
-    def _refuse_traced(self, operation: str, old: jax.Array) -> None:
+    def _refuse_traced(self, operation: Operation, old: jax.Array) -> None:
         """Puts ``old`` back and raises: under jax.jit an update is only traced, even with
         concrete operands (nothing is donated then), and its tracer must not leak out."""
         self._value = old
         raise traced_update_error(self, operation)
 
-    def _check_operation(self, operation: str) -> None:
+    def _check_operation(self, operation: Operation) -> None:
         """Refuses arithmetic on a bool variable, as tf.Variable does (JAX would give a
         logical or for assign_add, and an error naming no variable for assign_sub).
 
         Raises:
           DtypeMismatchError: for assign_add or assign_sub on a bool variable.
         """
-        if operation in ("assign_add", "assign_sub") and self._value.dtype == np.bool_:
+        if operation.arithmetic and self._value.dtype == np.bool_:
             raise DtypeMismatchError(
-                f"Cannot {PHRASES[operation]} Variable '{self.name}': it has dtype bool, "
+                f"Cannot {operation.phrase} Variable '{self.name}': it has dtype bool, "
                 "which has no addition or subtraction; use assign (with jnp.logical_or or "
                 "jnp.logical_xor of its value) instead"
             )

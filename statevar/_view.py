@@ -15,9 +15,10 @@ import jax
 import numpy as np
 
 from . import _placement, _update
-from ._convert import PHRASES, Tracer, is_concrete_array
+from ._convert import Tracer, is_concrete_array
 from ._errors import TraceContextError
 from ._operators import ArrayOperators, RebindingInPlace
+from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, Operation
 
 _state_lock = _update.state_lock
 
@@ -240,20 +241,20 @@ class View(RebindingInPlace, Readable):
 
     def assign(self, value: Any) -> NoReturn:
         """Refuses: a view is read-only (update the Variable itself)."""
-        self._refuse("assign")
+        self._refuse(ASSIGN)
 
     def assign_add(self, delta: Any) -> NoReturn:
         """Refuses: a view is read-only (update the Variable itself)."""
-        self._refuse("assign_add")
+        self._refuse(ASSIGN_ADD)
 
     def assign_sub(self, delta: Any) -> NoReturn:
         """Refuses: a view is read-only (update the Variable itself)."""
-        self._refuse("assign_sub")
+        self._refuse(ASSIGN_SUB)
 
     def __setitem__(self, index: Any, value: Any) -> NoReturn:
-        self._refuse("setitem")
+        self._refuse(SETITEM)
 
-    def _refuse(self, operation: str) -> NoReturn:
+    def _refuse(self, operation: Operation) -> NoReturn:
         """Raises the error for ``operation`` on a view.
 
         Raises:
@@ -263,7 +264,7 @@ class View(RebindingInPlace, Readable):
         if isinstance(self._value, Tracer):
             raise traced_update_error(self, operation)
         raise TypeError(
-            f"Cannot {PHRASES[operation]} Variable '{self.name}': this is a read-only view "
+            f"Cannot {operation.phrase} Variable '{self.name}': this is a read-only view "
             "made by a JAX tree function such as jax.tree.map or jax.device_get, not the "
             "variable. Update the Variable itself, or create a new one from the view."
         )
@@ -276,11 +277,11 @@ class _DeletedOutside(Exception):
     """A variable's array was donated or deleted outside statevar (for `Readable.__repr__`)."""
 
 
-def traced_update_error(variable: Readable, operation: str) -> TraceContextError:
+def traced_update_error(variable: Readable, operation: Operation) -> TraceContextError:
     """The error for an update of ``variable`` traced by plain `jax.jit` (or another JAX
     transformation), which could never reach the variable."""
     return TraceContextError(
-        f"Cannot {PHRASES[operation]} Variable '{variable.name}' inside jax.jit or another "
+        f"Cannot {operation.phrase} Variable '{variable.name}' inside jax.jit or another "
         "JAX transformation: use statevar.jit, which carries the update out of the trace."
     )
 
