@@ -6,8 +6,8 @@ import copy
 import operator
 import warnings
 import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +42,8 @@ def _transformation(tx: Any, hyperparameters: dict[str, Any]) -> Any:
             )
         return tx
     if callable(tx) and hyperparameters:
-        built = optax.inject_hyperparams(tx)(**hyperparameters)
+        factory = cast(Callable[..., optax.GradientTransformation], tx)
+        built = optax.inject_hyperparams(factory)(**hyperparameters)
         if hasattr(built, "init") and hasattr(built, "update"):
             return built
     raise TypeError(
@@ -464,7 +465,7 @@ class Optimizer:
             for name, g in zip(names, grads, strict=True)
         }
         updates, new_state = self._tx.update(filled, state, params)
-        new_params = optax.apply_updates(params, updates)
+        new_params = cast(dict[str, jax.Array], optax.apply_updates(params, updates))
         for variable, name, gradient in zip(self._params, names, grads, strict=True):
             if gradient is not None:
                 variable.assign(new_params[name])

@@ -130,13 +130,20 @@ def pinned_updates(operation: Operation, sharding: Sharding) -> tuple[Callable, 
     """Returns (donating, copying) jitted versions of an update for a variable over several
     devices, whose results keep its ``sharding`` and reuse its buffers shard by shard,
     whatever the placement of the value (which plain jit would let decide the result's)."""
-    pure = operation.pure
-    constrained: Callable[..., jax.Array]
+    update = _pinned(operation, sharding)
+    static_argnums = (3,) if operation is SETITEM else ()
+    return (
+        jax.jit(update, donate_argnums=0, out_shardings=sharding, static_argnums=static_argnums),
+        jax.jit(update, out_shardings=sharding, static_argnums=static_argnums),
+    )
 
+
+def _pinned(operation: Operation, sharding: Sharding) -> Callable[..., jax.Array]:
+    """Returns ``operation``'s pure update with its result (and value) pinned to ``sharding``."""
     if operation is SETITEM:
         explicit = is_explicit(sharding)
 
-        def constrained(old: Any, value: Any, dynamic: tuple, static: tuple) -> jax.Array:
+        def set_item(old: Any, value: Any, dynamic: tuple, static: tuple) -> jax.Array:
             index = rebuild_index(static, dynamic)
             unsharded = jax.ShapeDtypeStruct(old.shape, old.dtype)
             part = _fit(value, jax.eval_shape(lambda x: x[index], unsharded))
@@ -144,24 +151,22 @@ def pinned_updates(operation: Operation, sharding: Sharding) -> tuple[Callable, 
                 return old.at[index].set(part, out_sharding=sharding)
             return pin(old.at[index].set(part), sharding)
 
-    elif operation is ASSIGN:
+        return set_item
 
-        def constrained(old: Any, value: Any) -> jax.Array:
+    if operation is ASSIGN:
+
+        def assign(old: Any, value: Any) -> jax.Array:
             new = pin(_fit(value, old), sharding)
             return pin(lax.dynamic_update_slice(old, new, (0,) * old.ndim), sharding)
 
-    else:
+        return assign
 
-        def constrained(old: Any, value: Any, *index: Any) -> jax.Array:
-            return pin(pure(old, pin(_fit(value, old), sharding), *index), sharding)
+    pure = operation.pure
 
-    static_argnums = (3,) if operation is SETITEM else ()
-    return (
-        jax.jit(
-            constrained, donate_argnums=0, out_shardings=sharding, static_argnums=static_argnums
-        ),
-        jax.jit(constrained, out_shardings=sharding, static_argnums=static_argnums),
-    )
+    def update(old: Any, value: Any, *index: Any) -> jax.Array:
+        return pin(pure(old, pin(_fit(value, old), sharding), *index), sharding)
+
+    return update
 
 
 def fresh(value: Any, like: jax.Array | jax.ShapeDtypeStruct) -> jax.Array:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ from ._signals import held_signals
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK, Operation
 from ._view import Readable, read_operand, traced_update_error, unwrap_index
 
+# jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
 _SOLE_HOLDER, _getrefcount = _update.SOLE_HOLDER, sys.getrefcount
 _state_lock = _update.state_lock
@@ -112,13 +113,15 @@ def _check_on_read(variable: Variable, label: str, trainable: Any, aggregation: 
         )
 
 
-def _is_initializer(value: Any) -> bool:
+def _is_initializer(value: Any) -> TypeGuard[Callable[[], Any]]:
+    """Whether ``value`` is a callable computing the initial value (not an array that
+    happens to be callable)."""
     return callable(value) and not isinstance(value, jax.Array | np.ndarray | Readable)
 
 
 def _target_sharding(
     label: str, shape: tuple[int, ...], sharding: Any, device: Any, initial_value: Any
-) -> jax.sharding.Sharding | jax.Device:
+) -> jax.sharding.Sharding | jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     """Where a new variable goes: ``sharding=`` (or a Sharding given as ``device=``), else
     ``device=``, else the sharding of an array spread over several devices, else the
     innermost `statevar.mesh` scope (by its rules) or `statevar.device` scope, else JAX's
@@ -142,10 +145,11 @@ def _target_sharding(
     return scope or _default_device()
 
 
-def _default_device() -> jax.Device:
+def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     # A local device: under jax.distributed, another process's devices come first in
     # jax.devices() on every process but the first.
-    configured = jax.config.jax_default_device
+    # A config option is a dynamic attribute, which jax's stub does not declare.
+    configured = jax.config.jax_default_device  # pyright: ignore[reportAttributeAccessIssue]
     if isinstance(configured, jax.Device):
         return configured
     if isinstance(configured, str):
@@ -286,7 +290,7 @@ class Variable(RefusedInPlace, Readable):
         trainable: bool | None = None,
         name: str | None = None,
         dtype: jax.typing.DTypeLike | None = None,
-        device: str | jax.Device | jax.sharding.Sharding | None = None,
+        device: str | jax.Device | jax.sharding.Sharding | None = None,  # pyright: ignore[reportInvalidTypeForm]
         sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None = None,
         synchronization: str = "auto",
         aggregation: str | None = None,
@@ -584,11 +588,11 @@ class Variable(RefusedInPlace, Readable):
             if (
                 type(value) is type(current)
                 and value.aval == current.aval
-                and (not value._committed or value.sharding == current.sharding)
+                and (not value.committed or value.sharding == current.sharding)
             ):
                 # An uncommitted value: the bare operation, the key the hot path looks for.
                 key = operation.name
-                signature: Any = (key, "committed") if value._committed else key
+                signature: Any = (key, "committed") if value.committed else key
             else:
                 value = convert_for_update(read_operand(value), current, self.name, operation)
                 signature = None
