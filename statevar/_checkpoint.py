@@ -46,8 +46,8 @@ from ._matching import match_checkpoint
 from ._module import Module
 from ._optim import legacy_names
 from ._placement import put
-from ._tree import named_targets
-from ._variable import Variable, refuse_view
+from ._tree import named_targets, target_error
+from ._variable import Variable
 
 # What a save into a plain directory may leave behind when it is killed: unreferenced data
 # directories, orbax's temporary directories for them, and temporary manifests.
@@ -115,7 +115,6 @@ def _legacy_targets(target: Any) -> list[tuple[str, Variable, str]]:
 
     def visit(obj: Any, path: str) -> None:
         if isinstance(obj, Variable):
-            refuse_view(obj, "the checkpoint target", path or "the top level")
             if id(obj) not in counters:  # an Optimizer's iterations: not in those checkpoints
                 name = obj._name if obj._name is not None else "Variable"
                 found.append((renamed.get(id(obj), name), obj, path or "the top level"))
@@ -130,7 +129,7 @@ def _legacy_targets(target: Any) -> list[tuple[str, Variable, str]]:
             for key, item in items:
                 visit(item, f"{path}[{key!r}]")
         else:
-            named_targets(obj, "the checkpoint target")  # raises the usual TypeError
+            raise target_error(obj, "the checkpoint target", path or "the top level")
 
     visit(target, "")
     return found

@@ -13,7 +13,7 @@ import types
 import weakref
 from typing import Any, cast
 
-from ._variable import Variable, View
+from ._variable import Variable
 
 # What `statevar.jit` returned (plain functions and `CompiledFunction` partials), to follow
 # into the function each compiles. A wrapper made with functools.wraps copies a compiled
@@ -36,8 +36,7 @@ def closure_variables(fn: Any) -> list[Variable]:
             return
         seen.add(id(obj))
         if isinstance(obj, Variable):
-            if not isinstance(obj, View):
-                found[obj] = None
+            found[obj] = None
         elif hasattr(type(obj), "_statevar_variables"):
             found.update(dict.fromkeys(obj._statevar_variables()))
         elif isinstance(obj, (list, tuple, set, frozenset)):

@@ -9,7 +9,7 @@ every update; a rejected value raises before anything is donated.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,9 @@ from . import _trace
 from ._errors import DtypeMismatchError, ShapeMismatchError, TraceContextError
 from ._placement import is_multi_device, replicated
 
+if TYPE_CHECKING:
+    from ._update import Operation
+
 # Dtype families, ordered so that a value converts safely into its own family or a later one.
 BOOL, INT, FLOAT, COMPLEX = range(4)
 FAMILY_NAMES = {BOOL: "bool", INT: "integer", FLOAT: "floating", COMPLEX: "complex"}
@@ -27,14 +30,6 @@ PYTHON_SCALARS = {bool: BOOL, int: INT, float: FLOAT, complex: COMPLEX}
 PYTHON_SCALAR_DTYPES = {bool: "bool", int: "int", float: "float", complex: "complex"}
 _FAMILY_TYPES = {family: kind for kind, family in PYTHON_SCALARS.items()}
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-# How messages name each update.
-PHRASES = {
-    "assign": "assign to",
-    "assign_add": "assign_add to",
-    "assign_sub": "assign_sub to",
-    "setitem": "set an item of",
-    "setmask": "set an item of",
-}
 
 
 @functools.cache
@@ -209,7 +204,7 @@ def convert_for_update(
     value: Any,
     current: jax.Array | jax.ShapeDtypeStruct,
     name: str,
-    operation: str,
+    operation: Operation,
     target_shape: tuple[int, ...] | None = None,
 ) -> Any:
     """Validates ``value`` for an update of a variable, before anything is donated; returns it
@@ -223,7 +218,7 @@ def convert_for_update(
       value: the value or delta; callers read a Variable into its array first.
       current: the variable's array; gives the dtype, shape and sharding to meet.
       name: the variable's name, for messages.
-      operation: the update, a key of `PHRASES`.
+      operation: the update (its `Operation.phrase` names it in messages).
       target_shape: the shape of the indexed part for ``v[index] = value``; None for the
         whole variable.
 
@@ -241,7 +236,7 @@ def convert_for_update(
     """
     if target_shape is None and _enters_as_it_is(value, current.dtype):
         return value  # the common assign_add(1.0): a hot path
-    action, dtype = f"Cannot {PHRASES[operation]} Variable '{name}'", current.dtype
+    action, dtype = f"Cannot {operation.phrase} Variable '{name}'", current.dtype
     check_not_deleted(value, action)
     source = _classify(value, action, dtype)
     _check_family(source, dtype, action)

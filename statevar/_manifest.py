@@ -17,7 +17,7 @@ import os
 import pathlib
 import re
 import uuid
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 import numpy as np
@@ -54,7 +54,7 @@ def array_sha256(array: Any) -> str:
 
         array = multihost_utils.process_allgather(array, tiled=True)
     host = np.ascontiguousarray(np.asarray(array))
-    return hashlib.sha256(host.reshape(-1).view(np.uint8)).hexdigest()
+    return hashlib.sha256(host.reshape(-1).view(np.uint8).data).hexdigest()
 
 
 def _file_sha256(path: pathlib.Path) -> str:
@@ -136,7 +136,8 @@ def write_manifest(
 # --------------------------------------------------------------------------- read and verify
 
 
-def _all_typed(items: Any, fields: dict[str, Any]) -> bool:
+def _all_typed(items: Any, fields: dict[str, Any]) -> TypeGuard[list[dict[str, Any]]]:
+    """Whether ``items`` is a list of dicts whose ``fields`` have the given types."""
     return isinstance(items, list) and all(
         isinstance(item, dict) and all(isinstance(item.get(f), t) for f, t in fields.items())
         for item in items

@@ -31,13 +31,15 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _placement, _trace, _update
-from ._convert import PHRASES, Tracer, check_not_deleted, convert_for_update
+from ._convert import Tracer, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from ._signals import held_signals
-from ._variable import Variable, placement_epoch, read_operand
+from ._update import Operation
+from ._variable import Variable, placement_epoch
+from ._view import read_operand
 
 _getrefcount, _SOLE_HOLDER = sys.getrefcount, _update.SOLE_HOLDER
-_LOCAL_OPERATIONS = ("assign", "assign_add", "assign_sub")
+_LOCAL_OPERATIONS = (_update.ASSIGN, _update.ASSIGN_ADD, _update.ASSIGN_SUB)
 
 
 class PerReplica:
@@ -113,7 +115,7 @@ class PerReplica:
         """
         if not isinstance(self.values, tuple):
             return self.values
-        values = [v._read() if isinstance(v, Variable) else v for v in self.values]
+        values = [read_operand(v) for v in self.values]
         if any(isinstance(v, Tracer) for v in values):
             return jnp.stack([jnp.asarray(v) for v in values])
         return np.stack([np.asarray(v) for v in values])
@@ -238,10 +240,10 @@ def split(layout: Layout, value: Any) -> jax.Array:
     return jnp.where(first, spread, jnp.zeros_like(spread))
 
 
-def apply(operation: str, replicas: Any, operands: Any, index: tuple = ()) -> jax.Array:
-    """Applies ``operation`` (a key of `_update.PURE`) to each replica's value with its own
+def apply(operation: Operation, replicas: Any, operands: Any, index: tuple = ()) -> jax.Array:
+    """Applies ``operation``'s pure update to each replica's value with its own
     operand, replica by replica (so on each replica's devices)."""
-    pure = _update.PURE[operation]
+    pure = operation.pure
     return jax.vmap(lambda old, operand: pure(old, operand, *index))(replicas, operands)
 
 
@@ -261,7 +263,7 @@ def initializer(layout: Layout) -> Any:
 
 
 @functools.cache
-def cross_replica_updates(operation: str, layout: Layout) -> tuple[Any, Any]:
+def cross_replica_updates(operation: Operation, layout: Layout) -> tuple[Any, Any]:
     """(donating, copying) compiled updates by a cross-replica value: split over the
     replicas, then applied to each replica's value."""
 
@@ -269,11 +271,11 @@ def cross_replica_updates(operation: str, layout: Layout) -> tuple[Any, Any]:
         new = apply(operation, old, split(layout, value), index)
         return _placement.pin(new, layout.replica_sharding)
 
-    return _pair(update, layout, static_argnums=3 if operation == "setitem" else ())
+    return _pair(update, layout, static_argnums=3 if operation is _update.SETITEM else ())
 
 
 @functools.cache
-def local_updates(operation: str, layout: Layout) -> tuple[Any, Any]:
+def local_updates(operation: Operation, layout: Layout) -> tuple[Any, Any]:
     """(donating, copying) compiled updates by per-replica values, shape ``(replicas,
     *shape)``: each replica's value changes on its own devices, with no collective."""
 
@@ -393,7 +395,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
     def _aggregate_target(self) -> jax.ShapeDtypeStruct:
         return _like(self.shape, self._value.dtype, self._layout.aggregate_sharding)
 
-    def _replica_operand(self, per_replica: PerReplica, operation: str) -> Any:
+    def _replica_operand(self, per_replica: PerReplica, operation: Operation) -> Any:
         """Checks per-replica values against the variable; returns them as one array of
         shape ``(replicas, *shape)``, converted to its dtype, on the replicas' sharding
         (concrete values) or traced. Donates nothing.
@@ -403,7 +405,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
           ShapeMismatchError: for the wrong number of replicas, or values that do not
             broadcast to the variable's shape.
         """
-        action = f"Cannot {PHRASES[operation]} Variable '{self.name}'"
+        action = f"Cannot {operation.phrase} Variable '{self.name}'"
         if operation not in _LOCAL_OPERATIONS:
             raise _indexed_per_replica_error(self)
         try:
@@ -442,7 +444,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
             raise _indexed_per_replica_error(self)
         super().__setitem__(index, value)
 
-    def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
+    def _update(self, operation: Operation, value: Any, index: tuple | None = None) -> Variable:
         """Applies ``operation``: per replica for `PerReplica` values, else cross-replica.
 
         Donates the per-replica array when nothing else holds it, else copies it: arrays
@@ -483,10 +485,10 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 self._refuse_traced(operation, old)
             if cold:
                 self._compiled.add(signature)
-        _placement.log(self.name, operation, self.sharding)
+        _placement.log(self.name, operation.name, self.sharding)
         return self
 
-    def _update_traced(self, operation: str, value: Any, index: tuple | None) -> Variable:
+    def _update_traced(self, operation: Operation, value: Any, index: tuple | None) -> Variable:
         """Records an update made while `statevar.jit` (which holds the per-replica values)
         or `statevar.grad` or `statevar.stateless_call` (which hold the aggregate) traces."""
         old = _trace.read(self)
@@ -505,7 +507,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 operand = _placement.pin(operand, self._layout.replica_sharding)
                 new = apply(operation, old, operand)
             else:
-                new = _update.PURE[operation](old, aggregate(self._layout, operand))
+                new = operation.pure(old, aggregate(self._layout, operand))
         else:
             if not index:
                 value = convert_for_update(
@@ -514,19 +516,19 @@ class OnReadVariable(Variable, synchronization="on_read"):
             if per_replica:
                 new = apply(operation, old, split(self._layout, value), index)
             else:
-                new = _update.PURE[operation](old, value, *index)
+                new = operation.pure(old, value, *index)
         self._check_operation(operation)
         if per_replica:
             new = _placement.pin(new, self._layout.replica_sharding)
-        _trace.write(self, new, PHRASES[operation])
+        _trace.write(self, new, operation.phrase)
         return self
 
     def _in_ref(self) -> bool:
         """Whether a trace frame holds the variable in a `jax.Ref`, which writes then reach."""
         return any(self in frame.refs for frame in _trace._stack())
 
-    def _failed_update(self, operation: str, value: Any, old: jax.Array) -> Variable:
-        if old.is_deleted() and operation == "assign":
+    def _failed_update(self, operation: Operation, value: Any, old: jax.Array) -> Variable:
+        if old.is_deleted() and operation is _update.ASSIGN:
             # Donated or deleted outside statevar: an assign gives every replica a value.
             if isinstance(value, PerReplica):
                 operand = self._replica_operand(value, operation)

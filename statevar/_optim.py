@@ -6,8 +6,8 @@ import copy
 import operator
 import warnings
 import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +20,8 @@ from ._errors import TraceContextError
 from ._jit import jit
 from ._optimizer_state import legacy_order, state_layout, state_names, unique
 from ._placement import is_multi_device, replicated
-from ._tree import is_differentiable, is_variable, named_targets, variable_tree
-from ._variable import Variable, refuse_view
+from ._tree import is_differentiable, is_variable, named_targets, not_a_variable, variable_tree
+from ._variable import Variable
 
 # Every live Optimizer, to find the names its state variables had before they were named
 # after their parameters (see `legacy_names`).
@@ -42,7 +42,8 @@ def _transformation(tx: Any, hyperparameters: dict[str, Any]) -> Any:
             )
         return tx
     if callable(tx) and hyperparameters:
-        built = optax.inject_hyperparams(tx)(**hyperparameters)
+        factory = cast(Callable[..., optax.GradientTransformation], tx)
+        built = optax.inject_hyperparams(factory)(**hyperparameters)
         if hasattr(built, "init") and hasattr(built, "update"):
             return built
     raise TypeError(
@@ -399,11 +400,13 @@ class Optimizer:
                     f"{type(pair).__name__} at position {i}"
                 )
             if not isinstance(pair[1], Variable):
-                raise TypeError(
+                raise not_a_variable(
+                    pair[1],
+                    "apply_gradients' pairs",
+                    f"position {i}",
                     f"Expected (gradient, variable) pairs, as zip(grads, variables) gives; got "
-                    f"a {type(pair[1]).__name__} in place of the variable at position {i}"
+                    f"a {type(pair[1]).__name__} in place of the variable at position {i}",
                 )
-            refuse_view(pair[1], "apply_gradients' pairs", f"position {i}")
         if not self._built:
             self.build([variable for _, variable in pairs])
         by_variable: dict[Variable, Any] = {}
@@ -462,7 +465,7 @@ class Optimizer:
             for name, g in zip(names, grads, strict=True)
         }
         updates, new_state = self._tx.update(filled, state, params)
-        new_params = optax.apply_updates(params, updates)
+        new_params = cast(dict[str, jax.Array], optax.apply_updates(params, updates))
         for variable, name, gradient in zip(self._params, names, grads, strict=True):
             if gradient is not None:
                 variable.assign(new_params[name])

@@ -10,7 +10,8 @@ layout to the other, so that checkpoints written then still restore.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, TypeVar
 
 import jax
 
@@ -95,7 +96,12 @@ def state_names(layout: list[tuple[tuple, str | None, tuple]]) -> list[str]:
     return names
 
 
-def _canonical(layout: list[tuple[tuple, str | None, tuple]], index: dict[Any, int]) -> list:
+Owner = TypeVar("Owner", bound=Hashable)
+
+
+def _canonical(
+    layout: Sequence[tuple[tuple, Owner | None, tuple]], index: dict[Owner, int]
+) -> list[tuple[str, int | None, str]]:
     return [
         (jax.tree_util.keystr(outer), None if owner is None else index[owner], str(inner))
         for outer, owner, inner in layout

@@ -14,9 +14,19 @@ import jax
 import numpy as np
 from jax import lax
 from jax.core import Tracer
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
+from jax.sharding import (
+    AbstractMesh,
+    Mesh,
+    NamedSharding,
+    PartitionSpec,
+    Sharding,
+    SingleDeviceSharding,
+)
 
 from ._errors import PlacementError
+
+# jax.Device is a class at run time, but jaxlib ships no stub for it and pyright reads the
+# alias as a variable: each annotation naming it carries an ignore for that alone.
 
 logger = logging.getLogger("statevar")
 
@@ -62,7 +72,7 @@ def set_log_device_placement(enabled: bool) -> None:
     _settings.log_placement = bool(enabled)
 
 
-def describe(device: jax.Device) -> str:
+def describe(device: jax.Device) -> str:  # pyright: ignore[reportInvalidTypeForm]
     """Returns the short form of a device, e.g. ``"cpu:0"``."""
     return f"{device.platform}:{device.id}"
 
@@ -71,7 +81,7 @@ def _available() -> str:
     return ", ".join(describe(d) for d in jax.devices())
 
 
-def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> jax.Device:
+def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     """Turns a device spec into a `jax.Device`, applying soft placement.
 
     Args:
@@ -128,7 +138,7 @@ def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> j
 
 
 @contextlib.contextmanager
-def device(spec: str | jax.Device) -> Iterator[jax.Device]:
+def device(spec: str | jax.Device) -> Iterator[jax.Device]:  # pyright: ignore[reportInvalidTypeForm]
     """Places variables created, and arithmetic on variables run, inside the block.
 
     Like ``tf.device``: variables created in the scope live on its device, and arithmetic on
@@ -259,7 +269,7 @@ def _scope_stack() -> list[Any]:
     return stack
 
 
-def current_device() -> jax.Device | None:
+def current_device() -> jax.Device | None:  # pyright: ignore[reportInvalidTypeForm]
     """Returns the innermost scope's device, or None outside any scope or in a mesh scope."""
     stack = getattr(_scopes, "stack", None)
     if stack and isinstance(stack[-1], jax.Device):
@@ -267,7 +277,7 @@ def current_device() -> jax.Device | None:
     return None
 
 
-def current_scope() -> jax.Device | MeshScope | None:
+def current_scope() -> jax.Device | MeshScope | None:  # pyright: ignore[reportInvalidTypeForm]
     """Returns the innermost `device` or `mesh` scope's entry, or None outside any."""
     stack = getattr(_scopes, "stack", None)
     return stack[-1] if stack else None
@@ -344,7 +354,9 @@ def resolve_sharding(
     return NamedSharding(mesh, spec)
 
 
-def _check_spec(spec: PartitionSpec, mesh: Mesh, shape: tuple[int, ...], where: str) -> None:
+def _check_spec(
+    spec: PartitionSpec, mesh: Mesh | AbstractMesh, shape: tuple[int, ...], where: str
+) -> None:
     if len(spec) > len(shape):
         raise PlacementError(
             f"{where}: the spec has {len(spec)} entries, more than the {len(shape)} "
@@ -463,7 +475,7 @@ def check_same_devices(subject: str, named_arrays: list[tuple[str, Any]]) -> Non
         )
 
 
-def log(name: str, operation: str, placed_on: jax.Device | Sharding) -> None:
+def log(name: str, operation: str, placed_on: jax.Device | Sharding) -> None:  # pyright: ignore[reportInvalidTypeForm]
     """Logs a placement when placement logging is on."""
     if _settings.log_placement:
         if isinstance(placed_on, Sharding) and not is_multi_device(placed_on):

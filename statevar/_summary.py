@@ -12,6 +12,7 @@ from ._on_read import OnReadVariable
 from ._placement import describe
 from ._tree import Node, walk
 from ._variable import Variable
+from ._view import Readable
 
 _COLUMNS = ("path", "shape", "dtype", "trainable", "placement", "params", "bytes")
 _NUMERIC = {"params", "bytes"}
@@ -217,7 +218,7 @@ def summary(module: Node, *, file: TextIO | None = None) -> None:
 # --------------------------------------------------------------------------- repr
 
 
-def _describe_variable(variable: Variable) -> str:
+def _describe_variable(variable: Readable) -> str:
     extras = "".join(
         [
             f", name={variable._name!r}" if variable._name is not None else "",
@@ -263,7 +264,7 @@ def module_repr(module: Node) -> str:
 def _repr_tree(value: Any, depth: int, ancestors: set[int]) -> Any:
     """Returns a str (a leaf) or ``(opening, [(prefix, child)], closing)`` for `module_repr`;
     ``ancestors`` holds the ids of the containers being described, to show cycles."""
-    if isinstance(value, Variable):
+    if isinstance(value, Readable):  # a Variable, or a view of one
         return _describe_variable(value)
     if id(value) in ancestors:
         return f"<cycle: {type(value).__name__}>"
@@ -273,7 +274,7 @@ def _repr_tree(value: Any, depth: int, ancestors: set[int]) -> Any:
         entries = [
             (f"{key}=", item)
             for key, item in vars(value).items()
-            if not key.startswith("_") or isinstance(item, (Variable, Node))
+            if not key.startswith("_") or isinstance(item, (Readable, Node))
         ]
         opening, closing = f"{type(value).__name__}(", ")"
     elif isinstance(value, dict):

@@ -25,7 +25,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._variable import Variable, View, refuse_view
+from ._variable import Variable
+from ._view import Readable, View
 
 CONTAINERS = (list, tuple, dict)
 
@@ -39,13 +40,13 @@ class Node:
 
 def is_variable(x: Any) -> bool:
     """Whether ``x`` is a Variable (or a read-only view of one): a leaf of a variable tree."""
-    return isinstance(x, Variable)
+    return isinstance(x, Readable)
 
 
 def is_state(x: Any) -> bool:
-    """Whether ``x`` is state that `statevar.jit` lifts: a Variable or a Node, not a view
-    (a view is a snapshot of a value, passed as its array)."""
-    return isinstance(x, (Variable, Node)) and not isinstance(x, View)
+    """Whether ``x`` is state that `statevar.jit` lifts: a Variable or a Node (a view, a
+    snapshot of a value, is passed as its array)."""
+    return isinstance(x, (Variable, Node))
 
 
 def is_differentiable(v: Variable) -> bool:
@@ -62,7 +63,7 @@ def has_named_variables(x: Any) -> bool:
 def read_variables(tree: Any) -> Any:
     """Replaces every Variable in ``tree`` by its current (possibly traced) value."""
     return jax.tree.map(
-        lambda x: x._read() if isinstance(x, Variable) else x, tree, is_leaf=is_variable
+        lambda x: x._read() if isinstance(x, Readable) else x, tree, is_leaf=is_variable
     )
 
 
@@ -104,8 +105,7 @@ def walk(
     stack = [_entries(root, namespace, items, "", paths, containers)]
     while stack:
         for path, obj in stack[-1]:
-            if isinstance(obj, View):
-                continue  # a read-only snapshot of a value, not one of the tree's variables
+            # A view (a snapshot of a value) is none of these: not one of the tree's variables.
             if isinstance(obj, Variable):
                 if id(obj) not in seen:
                     seen.add(id(obj))
@@ -205,7 +205,6 @@ def named_targets(target: Any, what: str) -> list[tuple[str, Variable, str]]:
     while pending:
         obj, prefix, keyed, where = pending.pop()
         if isinstance(obj, Variable):
-            refuse_view(obj, what, where or "the top level")
             found.append(
                 (prefix[:-1] if keyed else prefix + obj.name, obj, where or "the top level")
             )
@@ -226,10 +225,7 @@ def named_targets(target: Any, what: str) -> list[tuple[str, Variable, str]]:
                 [(item, f"{prefix}{key}/", True, f"{where}[{key!r}]") for key, item in obj.items()]
             )
         else:
-            raise TypeError(
-                f"Expected {what} to be a Variable, a Module, an Optimizer, or a list, tuple or "
-                f"dict of them; got {type(obj).__name__} at {where or 'the top level'}"
-            )
+            raise target_error(obj, what, where or "the top level")
     return found
 
 
@@ -262,7 +258,6 @@ def variable_tree(target: Any, what: str) -> Any:
 
 def _variable_tree(obj: Any, path: str, what: str) -> Any:
     if isinstance(obj, Variable):
-        refuse_view(obj, what, path or "the top level")
         return obj
     if isinstance(obj, Node):
         return named_variables(obj)
@@ -270,9 +265,43 @@ def _variable_tree(obj: Any, path: str, what: str) -> Any:
         return type(obj)(_variable_tree(item, f"{path}[{i}]", what) for i, item in enumerate(obj))
     if isinstance(obj, dict):
         return {key: _variable_tree(item, f"{path}[{key!r}]", what) for key, item in obj.items()}
-    raise TypeError(
+    where = path or "the top level"
+    raise not_a_variable(
+        obj,
+        what,
+        where,
         f"Expected {what} to be a Variable, a Module, or a list, tuple or dict of them; "
-        f"got {type(obj).__name__} at {path or 'the top level'}"
+        f"got {type(obj).__name__} at {where}",
+    )
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def not_a_variable(obj: Any, what: str, where: str, message: str) -> TypeError:
+    """The error for ``obj``, found at ``where`` in ``what`` where a Variable is needed.
+
+    A read-only `View` gets its own message, naming the variable to pass instead; anything
+    else gets ``message``.
+    """
+    if isinstance(obj, View):
+        return TypeError(
+            f"Expected {what} to hold Variables; got a read-only view of Variable "
+            f"'{obj.name}' (made by a JAX tree function such as jax.tree.map or "
+            f"jax.device_get) at {where}. Pass the Variable itself."
+        )
+    return TypeError(message)
+
+
+def target_error(obj: Any, what: str, where: str) -> TypeError:
+    """The error for ``obj`` at ``where`` in a target of `named_targets` (a checkpoint's,
+    an Optimizer's), which holds only Variables, Modules, Optimizers and containers."""
+    return not_a_variable(
+        obj,
+        what,
+        where,
+        f"Expected {what} to be a Variable, a Module, an Optimizer, or a list, tuple or "
+        f"dict of them; got {type(obj).__name__} at {where}",
     )
 
 

@@ -10,6 +10,7 @@ reference count, calibrated below against the same access pattern.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import threading
@@ -29,9 +30,6 @@ from ._placement import is_explicit, pin
 # read, donate and replace many variables at once. One reentrant lock (rather than one per
 # variable) keeps a compiled step to a single acquire and cannot deadlock.
 state_lock = threading.RLock()
-
-# How often each update function has been traced; tests use it to prove there is no retrace.
-trace_counts: dict[str, int] = {}
 
 
 def _fit(value: jax.Array, like: Any) -> jax.Array:
@@ -73,49 +71,79 @@ def _set_where(old: jax.Array, value: Any, mask: jax.Array) -> jax.Array:
     return jnp.where(mask, _fit(value, old), old)
 
 
-# The update functions themselves, for use while `statevar.jit` traces.
-PURE: dict[str, Callable] = {
-    "assign": _assign,
-    "assign_add": _assign_add,
-    "assign_sub": _assign_sub,
-    "setitem": _set_item,
-    "setmask": _set_where,
-}
+@dataclasses.dataclass(frozen=True, eq=False)
+class Operation:
+    """One update of a variable, everything about it in one record.
+
+    Each exists once (`ASSIGN`, `ASSIGN_ADD`, `ASSIGN_SUB`, `SETITEM`, `SETMASK`) and is
+    compared and hashed by identity. The jitted kernels are bound once, at import: the eager
+    update is a hot path.
+
+    Attributes:
+      name: the method's name (``"assign"``): keys compiled updates and placement logs.
+      phrase: how messages name it, as in ``f"Cannot {phrase} Variable 'w'"``.
+      pure: the update as a pure function ``(old, value, *index) -> new``, for traces.
+      donating: the jitted update donating ``old``, for an array only the variable holds.
+      copying: the jitted update without donation, for an array something else holds.
+      arithmetic: whether it adds or subtracts, which a bool variable refuses.
+    """
+
+    name: str
+    phrase: str
+    pure: Callable[..., jax.Array]
+    donating: Callable[..., jax.Array]
+    copying: Callable[..., jax.Array]
+    arithmetic: bool = False
 
 
-def _pair(operation: str, pure: Callable | None = None, **kwargs: Any) -> tuple[Callable, Callable]:
-    pure = pure or PURE[operation]
+def _operation(
+    name: str,
+    phrase: str,
+    pure: Callable[..., jax.Array],
+    *,
+    kernel: Callable[..., jax.Array] | None = None,
+    static_argnums: tuple[int, ...] = (),
+    arithmetic: bool = False,
+) -> Operation:
+    """Builds an `Operation`, jitting ``kernel`` (``pure`` unless given) twice."""
+    kernel = kernel or pure
+    donating = jax.jit(kernel, donate_argnums=0, static_argnums=static_argnums)
+    copying = jax.jit(kernel, static_argnums=static_argnums)
+    return Operation(name, phrase, pure, donating, copying, arithmetic)
 
-    def counted(*args: Any) -> jax.Array:
-        trace_counts[operation] = trace_counts.get(operation, 0) + 1
-        return pure(*args)
 
-    return jax.jit(counted, donate_argnums=0, **kwargs), jax.jit(counted, **kwargs)
-
-
-# (donating, copying) jitted versions of each update, for eager use.
-UPDATES: dict[str, tuple[Callable, Callable]] = {
-    "assign": _pair("assign", _assign_in_place),
-    "assign_add": _pair("assign_add"),
-    "assign_sub": _pair("assign_sub"),
-    "setitem": _pair("setitem", static_argnums=3),
-    "setmask": _pair("setmask"),
+ASSIGN = _operation("assign", "assign to", _assign, kernel=_assign_in_place)
+ASSIGN_ADD = _operation("assign_add", "assign_add to", _assign_add, arithmetic=True)
+ASSIGN_SUB = _operation("assign_sub", "assign_sub to", _assign_sub, arithmetic=True)
+SETITEM = _operation("setitem", "set an item of", _set_item, static_argnums=(3,))
+SETMASK = _operation("setmask", "set an item of", _set_where)
+# Every operation by its name.
+OPERATIONS: dict[str, Operation] = {
+    operation.name: operation for operation in (ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK)
 }
 
 copy_array = jax.jit(jnp.copy)
 
 
 @functools.cache
-def pinned_updates(operation: str, sharding: Sharding) -> tuple[Callable, Callable]:
+def pinned_updates(operation: Operation, sharding: Sharding) -> tuple[Callable, Callable]:
     """Returns (donating, copying) jitted versions of an update for a variable over several
     devices, whose results keep its ``sharding`` and reuse its buffers shard by shard,
     whatever the placement of the value (which plain jit would let decide the result's)."""
-    pure = PURE[operation]
+    update = _pinned(operation, sharding)
+    static_argnums = (3,) if operation is SETITEM else ()
+    return (
+        jax.jit(update, donate_argnums=0, out_shardings=sharding, static_argnums=static_argnums),
+        jax.jit(update, out_shardings=sharding, static_argnums=static_argnums),
+    )
 
-    if operation == "setitem":
+
+def _pinned(operation: Operation, sharding: Sharding) -> Callable[..., jax.Array]:
+    """Returns ``operation``'s pure update with its result (and value) pinned to ``sharding``."""
+    if operation is SETITEM:
         explicit = is_explicit(sharding)
 
-        def constrained(old: Any, value: Any, dynamic: tuple, static: tuple) -> jax.Array:
+        def set_item(old: Any, value: Any, dynamic: tuple, static: tuple) -> jax.Array:
             index = rebuild_index(static, dynamic)
             unsharded = jax.ShapeDtypeStruct(old.shape, old.dtype)
             part = _fit(value, jax.eval_shape(lambda x: x[index], unsharded))
@@ -123,25 +151,22 @@ def pinned_updates(operation: str, sharding: Sharding) -> tuple[Callable, Callab
                 return old.at[index].set(part, out_sharding=sharding)
             return pin(old.at[index].set(part), sharding)
 
-    elif operation == "assign":
+        return set_item
 
-        def constrained(old: Any, value: Any) -> jax.Array:
+    if operation is ASSIGN:
+
+        def assign(old: Any, value: Any) -> jax.Array:
             new = pin(_fit(value, old), sharding)
             return pin(lax.dynamic_update_slice(old, new, (0,) * old.ndim), sharding)
 
-    else:
+        return assign
 
-        def constrained(old: Any, value: Any, *index: Any) -> jax.Array:
-            return pin(pure(old, pin(_fit(value, old), sharding), *index), sharding)
+    pure = operation.pure
 
-    def counted(*args: Any) -> jax.Array:
-        trace_counts[operation] = trace_counts.get(operation, 0) + 1
-        return constrained(*args)
+    def update(old: Any, value: Any, *index: Any) -> jax.Array:
+        return pin(pure(old, pin(_fit(value, old), sharding), *index), sharding)
 
-    kwargs: dict[str, Any] = {"out_shardings": sharding}
-    if operation == "setitem":
-        kwargs["static_argnums"] = 3
-    return jax.jit(counted, donate_argnums=0, **kwargs), jax.jit(counted, **kwargs)
+    return update
 
 
 def fresh(value: Any, like: jax.Array | jax.ShapeDtypeStruct) -> jax.Array:
@@ -166,13 +191,13 @@ def _describe(part: Any) -> Any:
     return part if isinstance(part, type(None) | slice | tuple | str) else type(part)
 
 
-def signature(operation: str, value: Any, index: tuple | None) -> tuple:
+def signature(operation: Operation, value: Any, index: tuple | None) -> tuple:
     """Returns a hashable key telling apart the argument types an update is compiled for.
 
     Two calls with the same key take the same compiled code: after the first, JAX's fast
     path (see `_signals`).
     """
-    return operation, _describe(value), _describe(index)
+    return operation.name, _describe(value), _describe(index)
 
 
 class _Probe:

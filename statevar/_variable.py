@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,6 @@ import numpy as np
 
 from . import _placement, _trace, _update
 from ._convert import (
-    PHRASES,
     Tracer,
     check_initial_conversion,
     check_not_deleted,
@@ -22,11 +21,14 @@ from ._convert import (
     short_repr,
 )
 from ._errors import DtypeMismatchError, TraceContextError
-from ._operators import ArrayOperators, RebindingInPlace, RefusedInPlace
+from ._operators import RefusedInPlace
 from ._signals import held_signals
+from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK, Operation
+from ._view import Readable, read_operand, traced_update_error, unwrap_index
 
+# jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
-_UPDATES, _SOLE_HOLDER, _getrefcount = _update.UPDATES, _update.SOLE_HOLDER, sys.getrefcount
+_SOLE_HOLDER, _getrefcount = _update.SOLE_HOLDER, sys.getrefcount
 _state_lock = _update.state_lock
 _acquire, _release = _state_lock.acquire, _state_lock.release
 _settings = _placement._settings
@@ -111,13 +113,15 @@ def _check_on_read(variable: Variable, label: str, trainable: Any, aggregation: 
         )
 
 
-def _is_initializer(value: Any) -> bool:
-    return callable(value) and not isinstance(value, jax.Array | np.ndarray | Variable)
+def _is_initializer(value: Any) -> TypeGuard[Callable[[], Any]]:
+    """Whether ``value`` is a callable computing the initial value (not an array that
+    happens to be callable)."""
+    return callable(value) and not isinstance(value, jax.Array | np.ndarray | Readable)
 
 
 def _target_sharding(
     label: str, shape: tuple[int, ...], sharding: Any, device: Any, initial_value: Any
-) -> jax.sharding.Sharding | jax.Device:
+) -> jax.sharding.Sharding | jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     """Where a new variable goes: ``sharding=`` (or a Sharding given as ``device=``), else
     ``device=``, else the sharding of an array spread over several devices, else the
     innermost `statevar.mesh` scope (by its rules) or `statevar.device` scope, else JAX's
@@ -141,10 +145,11 @@ def _target_sharding(
     return scope or _default_device()
 
 
-def _default_device() -> jax.Device:
+def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     # A local device: under jax.distributed, another process's devices come first in
     # jax.devices() on every process but the first.
-    configured = jax.config.jax_default_device
+    # A config option is a dynamic attribute, which jax's stub does not declare.
+    configured = jax.config.jax_default_device  # pyright: ignore[reportAttributeAccessIssue]
     if isinstance(configured, jax.Device):
         return configured
     if isinstance(configured, str):
@@ -152,8 +157,8 @@ def _default_device() -> jax.Device:
     return jax.local_devices()[0]
 
 
-def _eager_update(operation: str, doc: str) -> Callable[[Variable, Any], Variable]:
-    """Builds the method ``operation`` (``assign``, ``assign_add``, ``assign_sub``): the eager
+def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], Variable]:
+    """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`, `ASSIGN_SUB`): the eager
     hot path, with everything else left to `Variable._update`.
 
     One body serves the three methods, each its own function, so a call costs one Python
@@ -164,13 +169,13 @@ def _eager_update(operation: str, doc: str) -> Callable[[Variable, Any], Variabl
     respect to exceptions raised at any bytecode (``KeyboardInterrupt``, a signal
     handler's): the variable then holds its old or its new array, never a deleted one.
     """
-    donating, copying = _UPDATES[operation]
+    name, donating, copying = operation.name, operation.donating, operation.copying
 
     def update(self: Variable, value: jax.typing.ArrayLike | Variable) -> Variable:
         current = self._value
         if (
             type(value) is type(current)
-            and operation in self._compiled  # never for a View
+            and name in self._compiled
             and value.aval == current.aval  # type: ignore[union-attr]
             and not value._committed  # type: ignore[union-attr]
             and not _trace.open_frames
@@ -198,17 +203,17 @@ def _eager_update(operation: str, doc: str) -> Callable[[Variable, Any], Variabl
                 except RuntimeError:
                     pass  # acquire itself was interrupted while waiting: nothing to release
             if _settings.log_placement:
-                _placement.log(self.name, operation, self.device)
+                _placement.log(self.name, name, self.device)
             return self
         del current
         return self._update(operation, value)
 
-    update.__name__ = update.__qualname__ = operation
+    update.__name__ = update.__qualname__ = name
     update.__doc__ = doc
     return update
 
 
-class Variable(RefusedInPlace, ArrayOperators):
+class Variable(RefusedInPlace, Readable):
     """A mutable cell holding an immutable `jax.Array`, in the manner of ``tf.Variable``.
 
     A Variable works wherever an array does (operators, NumPy, ``jnp`` functions, plain
@@ -269,12 +274,6 @@ class Variable(RefusedInPlace, ArrayOperators):
       <Variable 'v' shape=(2,) dtype=float32, numpy=array([2., 3.], dtype=float32)>
     """
 
-    __array_priority__ = 100
-    # The path of an unnamed variable in the Module that holds it, set by `statevar.Module`.
-    _path: str | None = None
-    _synchronization = "auto"
-    _aggregation = "none"
-
     # The class of each synchronization that has its own, registered by defining it with
     # ``class OnReadVariable(Variable, synchronization="on_read")`` (see `_on_read`).
     _synchronized_classes: dict[str, type[Variable]] = {}
@@ -298,7 +297,7 @@ class Variable(RefusedInPlace, ArrayOperators):
         trainable: bool | None = None,
         name: str | None = None,
         dtype: jax.typing.DTypeLike | None = None,
-        device: str | jax.Device | jax.sharding.Sharding | None = None,
+        device: str | jax.Device | jax.sharding.Sharding | None = None,  # pyright: ignore[reportInvalidTypeForm]
         sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None = None,
         synchronization: str = "auto",
         aggregation: str | None = None,
@@ -313,7 +312,7 @@ class Variable(RefusedInPlace, ArrayOperators):
             _check_on_read(self, label, trainable, aggregation)
         trainable = not on_read if trainable is None else trainable
         _trace.check_creation(label)
-        if isinstance(initial_value, Variable):
+        if isinstance(initial_value, Readable):  # a Variable, or a view of one
             initial_value = initial_value._read()
         if sharding is not None and device is not None:
             raise TypeError(
@@ -395,15 +394,6 @@ class Variable(RefusedInPlace, ArrayOperators):
     # ----------------------------------------------------------------- properties
 
     @property
-    def name(self) -> str:
-        """The name given at creation; else the variable's path in the `statevar.Module`
-        holding it (from the outermost Module, as in ``"layers/0/kernel"``); else
-        ``"Variable"``."""
-        if self._name is not None:
-            return self._name
-        return self._path if self._path is not None else "Variable"
-
-    @property
     def trainable(self) -> bool:
         """Whether `statevar.grad` differentiates with respect to this variable."""
         return self._trainable
@@ -413,56 +403,6 @@ class Variable(RefusedInPlace, ArrayOperators):
         if bool(enabled) != self._trainable:
             self._trainable = bool(enabled)
             trainable_epoch[0] += 1
-
-    @property
-    def synchronization(self) -> str:
-        """``"auto"``, ``"on_write"`` or ``"on_read"``, as given at creation."""
-        return self._synchronization
-
-    @property
-    def aggregation(self) -> str:
-        """How an on-read variable's replicas combine: ``"sum"``, ``"mean"`` or
-        ``"only_first_replica"``; ``"none"`` unless given."""
-        return self._aggregation
-
-    @property
-    def value(self) -> jax.Array:
-        """The current value. It stays valid, unchanged, after later updates."""
-        return self._read()
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The shape, fixed at creation."""
-        return self._value.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The dtype, fixed at creation."""
-        return self._value.dtype
-
-    @property
-    def ndim(self) -> int:
-        """The number of dimensions."""
-        return self._value.ndim
-
-    @property
-    def size(self) -> int:
-        """The number of elements."""
-        return self._value.size
-
-    @property
-    def device(self) -> jax.Device | jax.sharding.Sharding:
-        """The device the variable lives on; its Sharding if it spans several devices, as
-        `jax.Array.device` gives."""
-        sharding = self._value.sharding
-        if _placement.is_multi_device(sharding):
-            return sharding
-        return next(iter(sharding.device_set))
-
-    @property
-    def sharding(self) -> jax.sharding.Sharding:
-        """The sharding of the variable's array, fixed at creation (see `reshard`)."""
-        return self._value.sharding
 
     def reshard(
         self, sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None
@@ -533,45 +473,11 @@ class Variable(RefusedInPlace, ArrayOperators):
             raise self._deleted_error("Cannot read")
         return value
 
-    def read_value(self) -> jax.Array:
-        """Returns the current value; later updates never delete or change it."""
-        return self._read()
-
-    def numpy(self) -> np.ndarray:
-        """Returns a NumPy copy of the current value.
-
-        Raises:
-          ValueError: if the variable is spread over several processes (`jax.distributed`):
-            this process holds only its own shards.
-        """
-        return np.array(self._host_readable())
-
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        array = np.asarray(self._host_readable(), dtype=dtype)
-        return array.copy() if copy else array
-
-    def _host_readable(self) -> jax.Array:
-        value = self._read()
-        if is_concrete_array(value) and not value.is_fully_addressable:
-            raise ValueError(
-                f"Cannot read Variable '{self.name}' into NumPy: it is spread over several "
-                "processes and this one holds only its own shards. Gather it first "
-                "(jax.experimental.multihost_utils.process_allgather(v.value)), or read "
-                "v.value.addressable_shards."
-            )
-        return value
-
-    def __jax_array__(self) -> jax.Array:
-        return self._read()
-
-    def __getitem__(self, index: Any) -> jax.Array:
-        return self._read()[_unwrap(index)]
-
     # ----------------------------------------------------------------- updates
 
     # The eager updates are built by `_eager_update` (one code body, no extra call): see there.
     assign = _eager_update(
-        "assign",
+        ASSIGN,
         """Sets the variable to ``value``, in place.
 
         The value is converted to the variable's dtype when that is safe and broadcast to
@@ -590,14 +496,14 @@ class Variable(RefusedInPlace, ArrayOperators):
         """,
     )
     assign_add = _eager_update(
-        "assign_add",
+        ASSIGN_ADD,
         """Adds ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
         """,
     )
     assign_sub = _eager_update(
-        "assign_sub",
+        ASSIGN_SUB,
         """Subtracts ``delta`` in place, atomically; see `assign` for conversions and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
@@ -613,7 +519,7 @@ class Variable(RefusedInPlace, ArrayOperators):
           IndexError: if the index is out of range.
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
-        index = self._placed_index(_unwrap(index))
+        index = self._placed_index(unwrap_index(index))
         if (
             isinstance(index, (jax.Array, np.ndarray))
             and index.dtype == np.bool_
@@ -622,9 +528,9 @@ class Variable(RefusedInPlace, ArrayOperators):
         ):
             # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
             value = convert_for_update(
-                read_operand(value), self._value, self.name, "setitem", target_shape=()
+                read_operand(value), self._value, self.name, SETITEM, target_shape=()
             )
-            self._update("setmask", value, (index,))
+            self._update(SETMASK, value, (index,))
             return
         static, dynamic = _update.split_index(index)
         if not any(isinstance(part, Tracer) for part in dynamic):
@@ -648,9 +554,9 @@ class Variable(RefusedInPlace, ArrayOperators):
                 lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)
             ).shape
         value = convert_for_update(
-            read_operand(value), self._value, self.name, "setitem", target_shape=target
+            read_operand(value), self._value, self.name, SETITEM, target_shape=target
         )
-        self._update("setitem", value, (dynamic, static))
+        self._update(SETITEM, value, (dynamic, static))
 
     def _placed_index(self, index: Any) -> Any:
         """Refuses deleted index arrays, and copies index arrays on another device to the
@@ -672,8 +578,8 @@ class Variable(RefusedInPlace, ArrayOperators):
 
         return tuple(map(place, index)) if isinstance(index, tuple) else place(index)
 
-    def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
-        """Applies ``operation`` (a key of `_update.UPDATES`) in place: the general path.
+    def _update(self, operation: Operation, value: Any, index: tuple | None = None) -> Variable:
+        """Applies ``operation`` in place: the general path.
 
         Converts and checks ``value`` (a whole-variable update, ``index`` None; setitem and
         setmask validate it against the indexed part first and pass their index operands),
@@ -689,10 +595,11 @@ class Variable(RefusedInPlace, ArrayOperators):
             if (
                 type(value) is type(current)
                 and value.aval == current.aval
-                and (not value._committed or value.sharding == current.sharding)
+                and (not value.committed or value.sharding == current.sharding)
             ):
                 # An uncommitted value: the bare operation, the key the hot path looks for.
-                signature: Any = (operation, "committed") if value._committed else operation
+                key = operation.name
+                signature: Any = (key, "committed") if value.committed else key
             else:
                 value = convert_for_update(read_operand(value), current, self.name, operation)
                 signature = None
@@ -702,11 +609,11 @@ class Variable(RefusedInPlace, ArrayOperators):
         if _trace.open_frames and _trace.innermost() is not None:
             # While statevar.jit or statevar.grad traces: record the new traced value.
             self._check_operation(operation)
-            old = _trace.read(self) if operation != "assign" else None
+            old = _trace.read(self) if operation is not ASSIGN else None
             if old is None:
                 old = self._value
-            new = _update.PURE[operation](old, value, *(index or ()))
-            _trace.write(self, new, PHRASES[operation])
+            new = operation.pure(old, value, *(index or ()))
+            _trace.write(self, new, operation.phrase)
             return self
         if signature is None:
             signature = _update.signature(operation, value, index)
@@ -717,7 +624,7 @@ class Variable(RefusedInPlace, ArrayOperators):
             donating, copying = _update.pinned_updates(operation, sharding)
             signature = (signature, sharding)
         else:
-            donating, copying = _UPDATES[operation]
+            donating, copying = operation.donating, operation.copying
         with _state_lock:
             update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
@@ -740,10 +647,10 @@ class Variable(RefusedInPlace, ArrayOperators):
             if cold:
                 self._compiled.add(signature)
         if _settings.log_placement:
-            _placement.log(self.name, operation, self.device)
+            _placement.log(self.name, operation.name, self.device)
         return self
 
-    def _failed_update(self, operation: str, value: Any, old: jax.Array) -> Variable:
+    def _failed_update(self, operation: Operation, value: Any, old: jax.Array) -> Variable:
         """Handles an update whose jitted call failed; the variable still holds ``old``.
 
         Returns the variable if the failure is recovered (an assign to a variable whose
@@ -751,30 +658,30 @@ class Variable(RefusedInPlace, ArrayOperators):
         """
         if old.is_deleted():
             # Donated or deleted outside statevar: only assign can restore it.
-            if operation != "assign":
-                raise self._deleted_error(f"Cannot {PHRASES[operation]}") from None
+            if operation is not ASSIGN:
+                raise self._deleted_error(f"Cannot {operation.phrase}") from None
             self._value = _update.fresh(value, old)
             return self
         # An array deleted (donated elsewhere) that passed the inline check above.
-        check_not_deleted(value, f"Cannot {PHRASES[operation]} Variable '{self.name}'")
+        check_not_deleted(value, f"Cannot {operation.phrase} Variable '{self.name}'")
         raise  # the jitted call's error, which the caller is handling
 
-    def _refuse_traced(self, operation: str, old: jax.Array) -> None:
+    def _refuse_traced(self, operation: Operation, old: jax.Array) -> None:
         """Puts ``old`` back and raises: under jax.jit an update is only traced, even with
         concrete operands (nothing is donated then), and its tracer must not leak out."""
         self._value = old
-        raise _traced_update_error(self, operation)
+        raise traced_update_error(self, operation)
 
-    def _check_operation(self, operation: str) -> None:
+    def _check_operation(self, operation: Operation) -> None:
         """Refuses arithmetic on a bool variable, as tf.Variable does (JAX would give a
         logical or for assign_add, and an error naming no variable for assign_sub).
 
         Raises:
           DtypeMismatchError: for assign_add or assign_sub on a bool variable.
         """
-        if operation in ("assign_add", "assign_sub") and self._value.dtype == np.bool_:
+        if operation.arithmetic and self._value.dtype == np.bool_:
             raise DtypeMismatchError(
-                f"Cannot {PHRASES[operation]} Variable '{self.name}': it has dtype bool, "
+                f"Cannot {operation.phrase} Variable '{self.name}': it has dtype bool, "
                 "which has no addition or subtraction; use assign (with jnp.logical_or or "
                 "jnp.logical_xor of its value) instead"
             )
@@ -787,70 +694,6 @@ class Variable(RefusedInPlace, ArrayOperators):
             "statevar.restore."
         )
 
-    # ----------------------------------------------------------------- Python protocols
-
-    def __repr__(self) -> str:
-        try:
-            # Under the lock, so that an update in another thread cannot donate the array
-            # between reading the attribute and converting it.
-            with _state_lock:
-                value = self._value
-            if value.is_deleted():
-                raise _DeletedOutside
-            array = np.asarray(value)
-            text = repr(array.item()) if array.ndim == 0 else np.array_repr(array)
-            if "\n" in text:
-                text = "\n" + text
-        except _DeletedOutside:
-            text = "<deleted outside statevar: assign a new value>"
-        except Exception as error:  # repr must never raise
-            text = f"<unavailable: {type(error).__name__}>"
-        try:
-            shape, dtype = self.shape, self.dtype
-        except Exception:
-            shape, dtype = "?", "?"
-        return f"<Variable '{self.name}' shape={shape} dtype={dtype}, numpy={text}>"
-
-    __hash__ = object.__hash__
-
-    def __bool__(self) -> bool:
-        return bool(self._read())
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError(f"len() of unsized Variable '{self.name}' (shape ())")
-        return self.shape[0]
-
-    def __iter__(self):
-        return iter(self._read())
-
-    def __float__(self) -> float:
-        return float(self._read())
-
-    def __int__(self) -> int:
-        return int(self._read())
-
-    def __complex__(self) -> complex:
-        return complex(self._read())
-
-    def __index__(self) -> int:
-        return self._read().__index__()
-
-    def __round__(self, ndigits: int | None = None) -> Any:
-        return round(self._read(), ndigits)
-
-    def __contains__(self, item: Any) -> bool:
-        return item in self._read()
-
-    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
-        return self._read().__array_namespace__(api_version=api_version)
-
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._read().__dlpack__(*args, **kwargs)
-
-    def __dlpack_device__(self) -> Any:
-        return self._read().__dlpack_device__()
-
     def __deepcopy__(self, memo: dict) -> Variable:
         copied = Variable(
             self._read(), trainable=self._trainable, name=self._name, device=self.sharding
@@ -858,90 +701,8 @@ class Variable(RefusedInPlace, ArrayOperators):
         copied._path = self._path
         return copied
 
-    # Pytree: a Variable flattens to its value, so plain jax.jit, jax.tree and jnp
-    # functions accept it. What they unflatten is a read-only view of the value they hold
-    # (a tracer inside plain jax.jit, an array after jax.tree.map), not the variable.
-    def tree_flatten(self) -> tuple[tuple[jax.Array], tuple[str | None, bool]]:
-        return (self._read(),), (self._name, self._trainable)
-
-    @classmethod
-    def tree_unflatten(cls, aux: tuple[str | None, bool], children: tuple[Any]) -> Variable:
-        view = object.__new__(View)
-        view._name, view._trainable = aux
-        view._value = children[0]
-        return view
-
 
 jax.tree_util.register_pytree_node_class(Variable)
-
-
-class View(RebindingInPlace, Variable):
-    """What JAX's tree functions make of a Variable: a read-only view of one value.
-
-    Inside plain `jax.jit`, `jax.grad` or `jax.vmap` a Variable argument becomes a view of
-    its tracer; `jax.tree.map` and `jax.device_get` give views of their results. A view
-    reads like the variable and refuses updates, which could never reach the variable;
-    `statevar.jit` and `statevar.grad` never lift one.
-    """
-
-    # No update is ever compiled for a view: each takes `_update`, which refuses it.
-    _compiled: frozenset = frozenset()
-
-    def _read(self) -> Any:
-        # Its own value, never a traced one: a view is not lifted, and is never updated.
-        return self._value
-
-    def __deepcopy__(self, memo: dict) -> View:
-        # Still a view (of the same immutable value): a copied Module keeps its variables.
-        return View.tree_unflatten((self._name, self._trainable), (self._value,))
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        self._update("setitem", value)
-
-    def _update(self, operation: str, value: Any, index: tuple | None = None) -> Variable:
-        if isinstance(self._value, Tracer):
-            raise _traced_update_error(self, operation)
-        raise TypeError(
-            f"Cannot {PHRASES[operation]} Variable '{self.name}': this is a read-only view "
-            "made by a JAX tree function such as jax.tree.map or jax.device_get, not the "
-            "variable. Update the Variable itself, or create a new one from the view."
-        )
-
-
-jax.tree_util.register_pytree_node_class(View)
-
-
-class _DeletedOutside(Exception):
-    """A variable's array was donated or deleted outside statevar (for `Variable.__repr__`)."""
-
-
-def refuse_view(variable: Variable, what: str, where: str) -> None:
-    """Refuses a `View` where a Variable to differentiate, optimize or checkpoint is needed.
-
-    Raises:
-      TypeError: if ``variable`` is a View.
-    """
-    if isinstance(variable, View):
-        raise TypeError(
-            f"Expected {what} to hold Variables; got a read-only view of Variable "
-            f"'{variable.name}' (made by a JAX tree function such as jax.tree.map or "
-            f"jax.device_get) at {where}. Pass the Variable itself."
-        )
-
-
-def _traced_update_error(variable: Variable, operation: str) -> TraceContextError:
-    return TraceContextError(
-        f"Cannot {PHRASES[operation]} Variable '{variable.name}' inside jax.jit or another "
-        "JAX transformation: use statevar.jit, which carries the update out of the trace."
-    )
-
-
-def _unwrap(index: Any) -> Any:
-    if isinstance(index, Variable):
-        return index._read()
-    if isinstance(index, tuple):
-        return tuple(part._read() if isinstance(part, Variable) else part for part in index)
-    return index
 
 
 def _is_mask(part: Any) -> bool:
@@ -959,8 +720,3 @@ def _masks_to_indices(index: Any) -> Any:
         for part in parts
         for selected in (np.nonzero(np.asarray(part)) if _is_mask(part) else (part,))
     )
-
-
-def read_operand(x: Any) -> Any:
-    """Returns a Variable's current (possibly traced) value; anything else as it is."""
-    return x._read() if isinstance(x, Variable) else x

@@ -335,7 +335,7 @@ def test_a_tree_function_result_is_a_read_only_view(make_view):
     v = statevar.Variable([1.0, 2.0], name="w")
     view = make_view(v)
 
-    assert isinstance(view, statevar.Variable) and view.name == "w"
+    assert not isinstance(view, statevar.Variable) and view.name == "w"
     for update in (
         lambda: view.assign([3.0, 4.0]),
         lambda: view.assign_add(1.0),
@@ -349,6 +349,22 @@ def test_a_tree_function_result_is_a_read_only_view(make_view):
     np.testing.assert_array_equal(np.asarray(view), make_view(v))
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
     np.testing.assert_array_equal(copied.numpy(), np.asarray(make_view(v)) + 1)
+
+
+def test_what_jax_makes_of_a_variable_is_not_a_variable():
+    v = statevar.Variable([1.0, 2.0], name="w")
+
+    def loss(w):
+        return jnp.sum(w.value**2)
+
+    mapped = jax.tree.map(lambda x: x, v)
+    gradient = jax.grad(loss)(v)
+
+    assert not isinstance(mapped, statevar.Variable)
+    assert not isinstance(gradient, statevar.Variable)
+    assert gradient.name == "w"
+    np.testing.assert_array_equal(np.asarray(gradient), [2.0, 4.0])
+    np.testing.assert_array_equal(mapped + 1, [2.0, 3.0])
 
 
 def test_a_view_made_inside_statevar_jit_reads_its_traced_value_on_every_call():

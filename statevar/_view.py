@@ -1,0 +1,301 @@
+"""What a `Variable` and a `View` of one share: the read side of a variable.
+
+`Readable` holds the properties (name, shape, dtype, placement), the reads, the operators
+and the array protocols. `Variable` adds updates; `View`, what JAX's tree functions make of
+a Variable, refuses them. The two are siblings, so ``isinstance(x, Variable)`` is False
+for a view and no consumer needs to tell them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import jax
+import numpy as np
+
+from . import _placement, _update
+from ._convert import Tracer, is_concrete_array
+from ._errors import TraceContextError
+from ._operators import ArrayOperators, RebindingInPlace
+from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, Operation
+
+_state_lock = _update.state_lock
+
+
+class Readable(ArrayOperators):
+    """The read side of a variable, shared by `Variable` and `View`: properties, reads,
+    operators, array protocols and repr. Reads go through ``_read``, which each defines."""
+
+    __array_priority__ = 100
+    _name: str | None
+    _trainable: bool
+    _value: jax.Array
+    # The path of an unnamed variable in the Module that holds it, set by `statevar.Module`.
+    _path: str | None = None
+    _synchronization = "auto"
+    _aggregation = "none"
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def name(self) -> str:
+        """The name given at creation; else the variable's path in the `statevar.Module`
+        holding it (from the outermost Module, as in ``"layers/0/kernel"``); else
+        ``"Variable"``."""
+        if self._name is not None:
+            return self._name
+        return self._path if self._path is not None else "Variable"
+
+    @property
+    def trainable(self) -> bool:
+        """Whether `statevar.grad` differentiates with respect to this variable."""
+        return self._trainable
+
+    @property
+    def synchronization(self) -> str:
+        """``"auto"``, ``"on_write"`` or ``"on_read"``, as given at creation."""
+        return self._synchronization
+
+    @property
+    def aggregation(self) -> str:
+        """How an on-read variable's replicas combine: ``"sum"``, ``"mean"`` or
+        ``"only_first_replica"``; ``"none"`` unless given."""
+        return self._aggregation
+
+    @property
+    def value(self) -> jax.Array:
+        """The current value. It stays valid, unchanged, after later updates."""
+        return self._read()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape, fixed at creation."""
+        return self._value.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype, fixed at creation."""
+        return self._value.dtype
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return self._value.ndim
+
+    @property
+    def size(self) -> int:
+        """The number of elements."""
+        return self._value.size
+
+    @property
+    def device(self) -> jax.Device | jax.sharding.Sharding:  # pyright: ignore[reportInvalidTypeForm]  # jax.Device: an alias the stubs declare as a variable
+        """The device the variable lives on; its Sharding if it spans several devices, as
+        `jax.Array.device` gives."""
+        sharding = self._value.sharding
+        if _placement.is_multi_device(sharding):
+            return sharding
+        return next(iter(sharding.device_set))
+
+    @property
+    def sharding(self) -> jax.sharding.Sharding:
+        """The sharding of the variable's array, fixed at creation (see `reshard`)."""
+        return self._value.sharding
+
+    # ----------------------------------------------------------------- reads
+
+    def _read(self) -> jax.Array:
+        """The current value (a traced one while `statevar.jit` or `statevar.grad` traces)."""
+        raise NotImplementedError
+
+    def read_value(self) -> jax.Array:
+        """Returns the current value; later updates never delete or change it."""
+        return self._read()
+
+    def numpy(self) -> np.ndarray:
+        """Returns a NumPy copy of the current value.
+
+        Raises:
+          ValueError: if the variable is spread over several processes (`jax.distributed`):
+            this process holds only its own shards.
+        """
+        return np.array(self._host_readable())
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        array = np.asarray(self._host_readable(), dtype=dtype)
+        return array.copy() if copy else array
+
+    def _host_readable(self) -> jax.Array:
+        value = self._read()
+        if is_concrete_array(value) and not value.is_fully_addressable:
+            raise ValueError(
+                f"Cannot read Variable '{self.name}' into NumPy: it is spread over several "
+                "processes and this one holds only its own shards. Gather it first "
+                "(jax.experimental.multihost_utils.process_allgather(v.value)), or read "
+                "v.value.addressable_shards."
+            )
+        return value
+
+    def __jax_array__(self) -> jax.Array:
+        return self._read()
+
+    def __getitem__(self, index: Any) -> jax.Array:
+        return self._read()[unwrap_index(index)]
+
+    # ----------------------------------------------------------------- Python protocols
+
+    def __repr__(self) -> str:
+        try:
+            # Under the lock, so that an update in another thread cannot donate the array
+            # between reading the attribute and converting it.
+            with _state_lock:
+                value = self._value
+            if value.is_deleted():
+                raise _DeletedOutside
+            array = np.asarray(value)
+            text = repr(array.item()) if array.ndim == 0 else np.array_repr(array)
+            if "\n" in text:
+                text = "\n" + text
+        except _DeletedOutside:
+            text = "<deleted outside statevar: assign a new value>"
+        except Exception as error:  # repr must never raise
+            text = f"<unavailable: {type(error).__name__}>"
+        try:
+            shape, dtype = self.shape, self.dtype
+        except Exception:
+            shape, dtype = "?", "?"
+        return f"<Variable '{self.name}' shape={shape} dtype={dtype}, numpy={text}>"
+
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        return bool(self._read())
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of unsized Variable '{self.name}' (shape ())")
+        return self.shape[0]
+
+    def __iter__(self) -> Iterator[jax.Array]:
+        return iter(self._read())
+
+    def __float__(self) -> float:
+        return float(self._read())
+
+    def __int__(self) -> int:
+        return int(self._read())
+
+    def __complex__(self) -> complex:
+        return complex(self._read())
+
+    def __index__(self) -> int:
+        return self._read().__index__()
+
+    def __round__(self, ndigits: int | None = None) -> Any:
+        return round(self._read(), ndigits)
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self._read()
+
+    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
+        return self._read().__array_namespace__(api_version=api_version)
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._read().__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._read().__dlpack_device__()  # pyright: ignore[reportAttributeAccessIssue]  # in jax.Array, missing from its stub
+
+    # Pytree: a variable flattens to its value, so plain jax.jit, jax.tree and jnp
+    # functions accept it. What they unflatten is a read-only view of the value they hold
+    # (a tracer inside plain jax.jit, an array after jax.tree.map), not the variable.
+    def tree_flatten(self) -> tuple[tuple[jax.Array], tuple[str | None, bool]]:
+        return (self._read(),), (self._name, self._trainable)
+
+    @classmethod
+    def tree_unflatten(cls, aux: tuple[str | None, bool], children: tuple[Any, ...]) -> View:
+        view = object.__new__(View)
+        view._name, view._trainable = aux
+        view._value = children[0]
+        return view
+
+
+class View(RebindingInPlace, Readable):
+    """What JAX's tree functions make of a Variable: a read-only view of one value.
+
+    Inside plain `jax.jit`, `jax.grad` or `jax.vmap` a Variable argument becomes a view of
+    its tracer; `jax.tree.map` and `jax.device_get` give views of their results. A view
+    reads like the variable and refuses updates, which could never reach the variable. It
+    is not a `Variable`: `statevar.jit` passes it as its array, a Module's walk skips it,
+    and where a Variable is needed (`statevar.grad`'s ``wrt``, an Optimizer, a checkpoint)
+    it is refused, naming the variable to pass instead.
+    """
+
+    def _read(self) -> jax.Array:
+        # Its own value, never a traced one: a view is not lifted, and is never updated.
+        return self._value
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> View:
+        # Still a view (of the same immutable value): a copied Module keeps its variables.
+        return View.tree_unflatten((self._name, self._trainable), (self._value,))
+
+    def assign(self, value: Any) -> NoReturn:
+        """Refuses: a view is read-only (update the Variable itself)."""
+        self._refuse(ASSIGN)
+
+    def assign_add(self, delta: Any) -> NoReturn:
+        """Refuses: a view is read-only (update the Variable itself)."""
+        self._refuse(ASSIGN_ADD)
+
+    def assign_sub(self, delta: Any) -> NoReturn:
+        """Refuses: a view is read-only (update the Variable itself)."""
+        self._refuse(ASSIGN_SUB)
+
+    def __setitem__(self, index: Any, value: Any) -> NoReturn:
+        self._refuse(SETITEM)
+
+    def _refuse(self, operation: Operation) -> NoReturn:
+        """Raises the error for ``operation`` on a view.
+
+        Raises:
+          TraceContextError: for a view of a tracer (inside plain `jax.jit`).
+          TypeError: otherwise.
+        """
+        if isinstance(self._value, Tracer):
+            raise traced_update_error(self, operation)
+        raise TypeError(
+            f"Cannot {operation.phrase} Variable '{self.name}': this is a read-only view "
+            "made by a JAX tree function such as jax.tree.map or jax.device_get, not the "
+            "variable. Update the Variable itself, or create a new one from the view."
+        )
+
+
+jax.tree_util.register_pytree_node_class(View)
+
+
+class _DeletedOutside(Exception):
+    """A variable's array was donated or deleted outside statevar (for `Readable.__repr__`)."""
+
+
+def traced_update_error(variable: Readable, operation: Operation) -> TraceContextError:
+    """The error for an update of ``variable`` traced by plain `jax.jit` (or another JAX
+    transformation), which could never reach the variable."""
+    return TraceContextError(
+        f"Cannot {operation.phrase} Variable '{variable.name}' inside jax.jit or another "
+        "JAX transformation: use statevar.jit, which carries the update out of the trace."
+    )
+
+
+def unwrap_index(index: Any) -> Any:
+    """Returns ``index`` with every variable (or view) in it replaced by its value."""
+    if isinstance(index, Readable):
+        return index._read()
+    if isinstance(index, tuple):
+        return tuple(part._read() if isinstance(part, Readable) else part for part in index)
+    return index
+
+
+def read_operand(x: Any) -> Any:
+    """Returns a variable's (or view's) current, possibly traced, value; anything else as
+    it is."""
+    return x._read() if isinstance(x, Readable) else x
