@@ -15,12 +15,12 @@ def test_a_variable_placed_on_the_gpu_stays_there_and_updates_in_place():
     v = statevar.Variable(jnp.zeros(1024), device="gpu:0")
     assert v.device == jax.devices("gpu")[0]
     v.assign_add(1.0)
-    pointer = v._value.unsafe_buffer_pointer()
+    pointer = v.value.unsafe_buffer_pointer()
     v.assign_add(1.0)
     v.assign_sub(jnp.ones(1024))
     v[0] = 5.0
     assert v.device == jax.devices("gpu")[0]
-    assert v._value.unsafe_buffer_pointer() == pointer
+    assert v.value.unsafe_buffer_pointer() == pointer
     assert float(v[1]) == 1.0 and float(v[0]) == 5.0
 
 
@@ -43,9 +43,9 @@ def test_a_compiled_step_on_the_gpu_donates_and_keeps_earlier_reads():
         w.assign_add(1.0)
 
     step()
-    pointer = w._value.unsafe_buffer_pointer()
+    pointer = w.value.unsafe_buffer_pointer()
     step()
-    assert w._value.unsafe_buffer_pointer() == pointer
+    assert w.value.unsafe_buffer_pointer() == pointer
     held = w.value
     step()
     chex.assert_trees_all_close(held, jnp.full(1024, 2.0))

@@ -313,9 +313,9 @@ def test_buffers_are_donated_and_earlier_reads_stay_valid():
         w.assign_add(1.0)
 
     step()
-    pointer = w._value.unsafe_buffer_pointer()
+    pointer = w.value.unsafe_buffer_pointer()
     step()
-    assert w._value.unsafe_buffer_pointer() == pointer  # donated: updated in place
+    assert w.value.unsafe_buffer_pointer() == pointer  # donated: updated in place
     held = w.value
     step()
     assert not held.is_deleted()
@@ -580,8 +580,8 @@ def test_calling_under_jax_grad_or_vmap_is_refused_and_leaves_variables_intact()
         with pytest.raises(statevar.TraceContextError, match="inside jax.jit, jax.grad, jax.vmap"):
             transform(step)(argument)
     for variable in (a, b):
-        assert not isinstance(variable._value, jax.core.Tracer)
-        assert not variable._value.is_deleted() and float(variable) == 0.0
+        assert not isinstance(variable.value, jax.core.Tracer)
+        assert not variable.value.is_deleted() and float(variable) == 0.0
 
 
 def test_a_failure_after_donation_names_the_variables_that_lost_their_values():
@@ -712,7 +712,7 @@ def test_plain_jax_jit_assigning_a_variable_is_a_clear_error_and_keeps_the_value
     ):
         bad(jnp.zeros(2))
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
-    assert not isinstance(v._value, jax.core.Tracer)
+    assert not isinstance(v.value, jax.core.Tracer)
 
 
 def test_plain_jax_jit_on_a_variable_argument_is_read_only():
@@ -769,7 +769,7 @@ def test_calling_a_statevar_jit_function_inside_jax_jit_is_a_clear_error():
         match="Cannot call the statevar.jit function 'bump' inside jax.jit",
     ):
         jax.jit(bump)(1.0)
-    assert float(v) == 0.0 and not isinstance(v._value, jax.core.Tracer)
+    assert float(v) == 0.0 and not isinstance(v.value, jax.core.Tracer)
 
 
 def test_a_variable_only_assigned_and_found_while_tracing_gets_its_value():
@@ -803,12 +803,12 @@ def test_a_variable_the_step_only_writes_is_updated_in_place():
         written.assign(read * x)
 
     step(2.0)
-    pointer = written._value.unsafe_buffer_pointer()
+    pointer = written.value.unsafe_buffer_pointer()
     step(3.0)
 
     # The old array was alive (held by the variable) until the call returned, so a copy
     # could not have reused its address: the same pointer means its buffer was donated.
-    assert written._value.unsafe_buffer_pointer() == pointer
+    assert written.value.unsafe_buffer_pointer() == pointer
     chex.assert_trees_all_equal(written.value, jnp.full(4096, 3.0))
 
 

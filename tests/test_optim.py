@@ -64,9 +64,9 @@ def test_state_lives_in_non_trainable_variables_updated_in_place():
     assert opt.variables == (w,)
     assert opt.state_variables and not any(v.trainable for v in opt.state_variables)
     opt.apply(jnp.ones(256))
-    pointers = [v._value.unsafe_buffer_pointer() for v in (w, *opt.state_variables)]
+    pointers = [v.value.unsafe_buffer_pointer() for v in (w, *opt.state_variables)]
     opt.apply(jnp.ones(256))
-    assert [v._value.unsafe_buffer_pointer() for v in (w, *opt.state_variables)] == pointers
+    assert [v.value.unsafe_buffer_pointer() for v in (w, *opt.state_variables)] == pointers
 
 
 def test_a_none_gradient_leaves_the_variable_unchanged():

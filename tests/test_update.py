@@ -55,7 +55,7 @@ def _snapshot(v):
 
 def _assert_unchanged(v, before):
     assert v._value is before["array"]
-    assert not v._value.is_deleted()
+    assert not v.value.is_deleted()
     assert np.asarray(v).tobytes() == before["bytes"]
     assert (v.dtype, v.shape, v.device) == (before["dtype"], before["shape"], before["device"])
 
@@ -464,20 +464,20 @@ def test_update_reuses_the_buffer_when_nothing_else_holds_it(update):
     v = statevar.Variable([1.0, 2.0, 3.0])
 
     for _ in range(3):
-        pointer = v._value.unsafe_buffer_pointer()
+        pointer = v.value.unsafe_buffer_pointer()
         update(v)
-        assert v._value.unsafe_buffer_pointer() == pointer
+        assert v.value.unsafe_buffer_pointer() == pointer
 
 
 def test_in_place_update_gives_the_right_value():
     v = statevar.Variable([1.0, 2.0, 3.0])
-    pointer = v._value.unsafe_buffer_pointer()
+    pointer = v.value.unsafe_buffer_pointer()
 
     v.assign_add(1.0)
     v.assign([0.0, 5.0, 0.0])
     v[2] = 4.0
 
-    assert v._value.unsafe_buffer_pointer() == pointer
+    assert v.value.unsafe_buffer_pointer() == pointer
     chex.assert_trees_all_close(v.value, jnp.array([0.0, 5.0, 4.0]))
 
 
@@ -590,7 +590,7 @@ def test_failure_in_a_nan_checked_update_keeps_the_old_value():
     with jax.debug_nans(True), pytest.raises(FloatingPointError, match="nan"):
         v.assign_add(jnp.array([np.nan, 0.0]))
 
-    assert not v._value.is_deleted()
+    assert not v.value.is_deleted()
     chex.assert_trees_all_close(v.value, jnp.array([2.0, 3.0]))
 
 
@@ -705,7 +705,7 @@ def test_updating_with_a_tracer_raises_and_keeps_the_value(transform, update, ph
     ):
         transform(step)(1.0)
 
-    assert isinstance(v._value, jax.Array) and not isinstance(v._value, jax.core.Tracer)
+    assert isinstance(v._value, jax.Array) and not isinstance(v.value, jax.core.Tracer)
     chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
 
 
@@ -739,7 +739,7 @@ def test_updating_under_jax_jit_with_concrete_values_raises_and_keeps_the_value(
     ):
         jax.jit(step)(1)
 
-    assert not isinstance(v._value, jax.core.Tracer)
+    assert not isinstance(v.value, jax.core.Tracer)
     chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
 
 
