@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _placement, _trace, _update
+from . import _placement, _state, _trace, _update
 from ._convert import (
     Tracer,
     check_initial_conversion,
@@ -29,13 +29,15 @@ from ._view import Readable, read_operand, traced_update_error, unwrap_index
 # jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
 _SOLE_HOLDER, _getrefcount = _update.SOLE_HOLDER, sys.getrefcount
-_state_lock = _update.state_lock
-_acquire, _release = _state_lock.acquire, _state_lock.release
-_settings = _placement._settings
+_update_lock = _state.update_lock
+_acquire, _release = _update_lock.acquire, _update_lock.release
+_placement_settings = _state.placement_settings
 
-# Counts changes of any variable's trainable flag or sharding; when it moves,
-# `statevar.jit` checks whether the flags and shardings its traces were made for still hold.
-trainable_epoch = placement_epoch = [0]
+# The attribute holding a variable's array. `Variable._replace_array` stores a new array in
+# it; the one other store is `statevar.jit`'s compiled step (`_jit_cache.store` and
+# `warm_call`), which stores many variables' arrays at once through ``setattr`` in one C
+# call chain, so that no bytecode comes between the donating call and the stores.
+ARRAY_ATTRIBUTE = "_value"
 
 
 def compile_flags(variables: tuple[Variable, ...]) -> tuple:
@@ -178,11 +180,11 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
             and name in self._compiled
             and value.aval == current.aval  # type: ignore[union-attr]
             and not value._committed  # type: ignore[union-attr]
-            and not _trace.open_frames
+            and not _state.open_trace_frames
         ):
             del current  # a reference held here would make the array look shared
             # Acquired inside the try, so that an exception landing right after acquiring
-            # still releases; cheaper than `with _state_lock`.
+            # still releases; cheaper than `with _update_lock`.
             try:
                 _acquire()
                 kernel = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
@@ -202,7 +204,7 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                     _release()
                 except RuntimeError:
                     pass  # acquire itself was interrupted while waiting: nothing to release
-            if _settings.log_placement:
+            if _placement_settings.log_placement:
                 _placement.log(self.name, name, self.device)
             return self
         del current
@@ -402,7 +404,7 @@ class Variable(RefusedInPlace, Readable):
     def trainable(self, enabled: bool) -> None:
         if bool(enabled) != self._trainable:
             self._trainable = bool(enabled)
-            trainable_epoch[0] += 1
+            _state.bump_compile_epoch()
 
     def reshard(
         self, sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None
@@ -440,28 +442,28 @@ class Variable(RefusedInPlace, Readable):
             target = _placement.resolve_sharding(
                 sharding, self.shape, f"Cannot reshard Variable '{self.name}'"
             )
-        if _trace.open_frames and _trace.innermost() is not None:
+        if _state.open_trace_frames and _trace.innermost() is not None:
             raise TraceContextError(
                 f"Cannot reshard Variable '{self.name}' inside statevar.jit or statevar.grad: "
                 "reshard it before the compiled step"
             )
         new = _placement.put(self._read(), target)
-        with _state_lock:
+        with _update_lock:
             self._value = new
             # Updates compiled for the old placement must not serve the new one.
             self._compiled = set()
-        placement_epoch[0] += 1
+        _state.bump_compile_epoch()
         _placement.log(self.name, "reshard", target)
         return self
 
     # ----------------------------------------------------------------- reads
 
     def _read(self) -> jax.Array:
-        if _trace.open_frames:
+        if _state.open_trace_frames:
             traced = _trace.read(self)
             if traced is not None:
                 return traced
-        try:  # rather than `with _state_lock`, which costs more; see `_update`
+        try:  # rather than `with _update_lock`, which costs more; see `_eager_update`
             _acquire()
             value = self._value
         finally:
@@ -472,6 +474,20 @@ class Variable(RefusedInPlace, Readable):
         if value.is_deleted():
             raise self._deleted_error("Cannot read")
         return value
+
+    def _replace_array(self, array: jax.Array) -> None:
+        """Stores ``array`` as the variable's value, as it is: no conversion, no check.
+
+        The one store of a new array for code outside this module (the compiled step's
+        bulk store aside: see `ARRAY_ATTRIBUTE`). Donates nothing: the old array stays
+        valid for whoever still holds it. Callers hold `_state.update_lock` wherever
+        another thread may update the variable.
+        """
+        self._value = array
+
+    def _set_path(self, path: str) -> None:
+        """Lets the variable be known by ``path`` in the Module holding it (see `name`)."""
+        self._path = path
 
     # ----------------------------------------------------------------- updates
 
@@ -606,7 +622,7 @@ class Variable(RefusedInPlace, Readable):
         else:
             signature = None
         del current
-        if _trace.open_frames and _trace.innermost() is not None:
+        if _state.open_trace_frames and _trace.innermost() is not None:
             # While statevar.jit or statevar.grad traces: record the new traced value.
             self._check_operation(operation)
             old = _trace.read(self) if operation is not ASSIGN else None
@@ -625,7 +641,7 @@ class Variable(RefusedInPlace, Readable):
             signature = (signature, sharding)
         else:
             donating, copying = operation.donating, operation.copying
-        with _state_lock:
+        with _update_lock:
             update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
             cold = signature not in self._compiled
@@ -646,7 +662,7 @@ class Variable(RefusedInPlace, Readable):
                 self._refuse_traced(operation, old)
             if cold:
                 self._compiled.add(signature)
-        if _settings.log_placement:
+        if _placement_settings.log_placement:
             _placement.log(self.name, operation.name, self.device)
         return self
 

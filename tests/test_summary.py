@@ -85,7 +85,7 @@ def test_summary_shows_shardings_explicit_names_and_large_sizes():
 
     big = Big()
     # Variables are created on one device; spread this one over four, as a sharded one is.
-    big.sharded._value = jax.device_put(big.sharded._value, NamedSharding(mesh, P("model")))
+    big.sharded.reshard(NamedSharding(mesh, P("model")))
 
     text = statevar._summary.summary_text(big)
     assert re.search(r"table \('embedding'\) +\(1024, 512\) .* 524,288 +2\.0 MiB", text)
