@@ -147,6 +147,108 @@ def _target_sharding(
     return scope or _default_device()
 
 
+def _placement_request(label: str, device: Any, sharding: Any) -> tuple[Any, Any]:
+    """Returns the ``(device, sharding)`` a new variable asks for: a Sharding given as
+    ``device=`` counts as ``sharding=``.
+
+    Raises:
+      TypeError: if both are given.
+    """
+    if sharding is not None and device is not None:
+        raise TypeError(
+            f"Cannot create Variable '{label}' with both device= and sharding=: pass one"
+        )
+    if isinstance(device, jax.sharding.Sharding):
+        return None, device
+    return device, sharding
+
+
+def _evaluate_initializer(
+    label: str, initial_value: Any, sharding: Any, device: Any
+) -> tuple[Any, Any]:
+    """Returns ``(initial value, target placement)``: for a callable initial value, its
+    result, computed directly with the variable's sharding (never whole on one device
+    first), and that placement; for anything else, the value itself and None.
+
+    Raises:
+      DtypeMismatchError: if the callable fails, or does not return one array.
+      PlacementError: if the placement does not fit (see `Variable`).
+    """
+    if not _is_initializer(initial_value):
+        return initial_value, None
+    try:
+        abstract = jax.eval_shape(initial_value)
+    except Exception as error:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' from the callable {initial_value!r}: {error}"
+        ) from error
+    if not hasattr(abstract, "shape"):
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}': its initial value callable returns "
+            f"{type(abstract).__name__}, expected one array"
+        )
+    target = _target_sharding(label, abstract.shape, sharding, device, None)
+    if isinstance(target, jax.sharding.Sharding):
+        return jax.jit(initial_value, out_shardings=target)(), target
+    return initial_value(), target
+
+
+def _check_initial_value(label: str, initial_value: Any, dtype: Any) -> None:
+    """Refuses an initial value that is deleted or traced, or that the requested ``dtype``
+    cannot hold (by the rules of an assign).
+
+    Raises:
+      ValueError: if it is a deleted array.
+      TraceContextError: if it is a tracer.
+      DtypeMismatchError: if ``dtype`` is not a dtype, or the conversion loses information.
+    """
+    check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
+    if isinstance(initial_value, Tracer):
+        raise TraceContextError(
+            f"Cannot create Variable '{label}' from a traced value inside a JAX "
+            "transformation: create variables outside jitted or differentiated functions."
+        )
+    if dtype is not None:
+        try:
+            requested = jnp.dtype(dtype)
+        except TypeError as error:
+            raise DtypeMismatchError(
+                f"Cannot create Variable '{label}' with dtype {dtype!r}: {error}"
+            ) from None
+        check_initial_conversion(initial_value, requested, label)
+
+
+def _initial_array(label: str, initial_value: Any, dtype: Any) -> jax.Array:
+    """Returns a strongly typed copy of ``initial_value`` with ``dtype`` (inferred as JAX
+    infers it when None), on JAX's default device.
+
+    Raises:
+      DtypeMismatchError: if the value is out of range for the dtype, cannot be
+        converted, or is not numeric.
+    """
+    try:
+        value = jnp.array(initial_value, dtype=dtype, copy=True)
+    except OverflowError:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}': {short_repr(initial_value)} is out of range "
+            f"for dtype {jnp.dtype(dtype) if dtype is not None else 'int32'}"
+        ) from None
+    except (TypeError, ValueError) as error:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' from {type(initial_value).__name__} "
+            f"{short_repr(initial_value)}: {error}"
+        ) from error
+    if family(value.dtype) is None:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' with dtype {value.dtype}: expected a "
+            "bool, integer, floating or complex dtype"
+        )
+    if value.weak_type:
+        # A variable's dtype is fixed: Python scalars give a strongly typed array.
+        value = jnp.array(value, dtype=value.dtype)
+    return value
+
+
 def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     # A local device: under jax.distributed, another process's devices come first in
     # jax.devices() on every process but the first.
@@ -312,78 +414,20 @@ class Variable(RefusedInPlace, Readable):
         on_read = synchronization == "on_read"
         if on_read:
             _check_on_read(self, label, trainable, aggregation)
-        trainable = not on_read if trainable is None else trainable
         _trace.check_creation(label)
         if isinstance(initial_value, Readable):  # a Variable, or a view of one
             initial_value = initial_value._read()
-        if sharding is not None and device is not None:
-            raise TypeError(
-                f"Cannot create Variable '{label}' with both device= and sharding=: pass one"
-            )
-        if isinstance(device, jax.sharding.Sharding):
-            device, sharding = None, device
-        if _is_initializer(initial_value):
-            # Created directly with its sharding, never whole on one device first.
-            try:
-                abstract = jax.eval_shape(initial_value)
-            except Exception as error:
-                raise DtypeMismatchError(
-                    f"Cannot create Variable '{label}' from the callable {initial_value!r}: {error}"
-                ) from error
-            if not hasattr(abstract, "shape"):
-                raise DtypeMismatchError(
-                    f"Cannot create Variable '{label}': its initial value callable returns "
-                    f"{type(abstract).__name__}, expected one array"
-                )
-            target = _target_sharding(label, abstract.shape, sharding, device, None)
-            if isinstance(target, jax.sharding.Sharding):
-                initial_value = jax.jit(initial_value, out_shardings=target)()
-            else:
-                initial_value = initial_value()
-        else:
-            target = None
-        check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
-        if isinstance(initial_value, Tracer):
-            raise TraceContextError(
-                f"Cannot create Variable '{label}' from a traced value inside a JAX "
-                "transformation: create variables outside jitted or differentiated functions."
-            )
-        if dtype is not None:
-            try:
-                requested = jnp.dtype(dtype)
-            except TypeError as error:
-                raise DtypeMismatchError(
-                    f"Cannot create Variable '{label}' with dtype {dtype!r}: {error}"
-                ) from None
-            check_initial_conversion(initial_value, requested, label)
+        device, sharding = _placement_request(label, device, sharding)
+        initial_value, target = _evaluate_initializer(label, initial_value, sharding, device)
+        _check_initial_value(label, initial_value, dtype)
         if target is None:
             # Checked before anything is copied to a device: a bad request changes nothing.
             target = _target_sharding(
                 label, np.shape(initial_value), sharding, device, initial_value
             )
-        try:
-            value = jnp.array(initial_value, dtype=dtype, copy=True)
-        except OverflowError:
-            raise DtypeMismatchError(
-                f"Cannot create Variable '{label}': {short_repr(initial_value)} is out of range "
-                f"for dtype {jnp.dtype(dtype) if dtype is not None else 'int32'}"
-            ) from None
-        except (TypeError, ValueError) as error:
-            raise DtypeMismatchError(
-                f"Cannot create Variable '{label}' from {type(initial_value).__name__} "
-                f"{short_repr(initial_value)}: {error}"
-            ) from error
-        if family(value.dtype) is None:
-            raise DtypeMismatchError(
-                f"Cannot create Variable '{label}' with dtype {value.dtype}: expected a "
-                "bool, integer, floating or complex dtype"
-            )
-
-        if value.weak_type:
-            # A variable's dtype is fixed: Python scalars give a strongly typed array.
-            value = jnp.array(value, dtype=value.dtype)
+        value = _initial_array(label, initial_value, dtype)
         self._name = name
-        self._trainable = bool(trainable)
+        self._trainable = bool(not on_read if trainable is None else trainable)
         if synchronization != "auto" or aggregation != "none":
             self._synchronization, self._aggregation = synchronization, aggregation
         # Signatures of the updates this variable has run: JAX's fast path for their calls.
@@ -623,14 +667,7 @@ class Variable(RefusedInPlace, Readable):
             signature = None
         del current
         if _state.open_trace_frames and _trace.innermost() is not None:
-            # While statevar.jit or statevar.grad traces: record the new traced value.
-            self._check_operation(operation)
-            old = _trace.read(self) if operation is not ASSIGN else None
-            if old is None:
-                old = self._value
-            new = operation.pure(old, value, *(index or ()))
-            _trace.write(self, new, operation.phrase)
-            return self
+            return self._record_traced(operation, value, index)
         if signature is None:
             signature = _update.signature(operation, value, index)
         sharding = self._value.sharding
@@ -664,6 +701,19 @@ class Variable(RefusedInPlace, Readable):
                 self._compiled.add(signature)
         if _placement_settings.log_placement:
             _placement.log(self.name, operation.name, self.device)
+        return self
+
+    def _record_traced(self, operation: Operation, value: Any, index: tuple | None) -> Variable:
+        """Applies ``operation`` while `statevar.jit` or `statevar.grad` traces: records the
+        new traced value in the innermost trace frame. The variable's own array is neither
+        read for donation nor replaced.
+        """
+        self._check_operation(operation)
+        old = _trace.read(self) if operation is not ASSIGN else None
+        if old is None:
+            old = self._value
+        new = operation.pure(old, value, *(index or ()))
+        _trace.write(self, new, operation.phrase)
         return self
 
     def _failed_update(self, operation: Operation, value: Any, old: jax.Array) -> Variable:
