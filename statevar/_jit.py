@@ -8,7 +8,7 @@ import inspect
 import operator
 import types
 from collections.abc import Callable
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple, cast, overload
 
 import jax
 import numpy as np
@@ -436,6 +436,12 @@ class CompiledFunction(functools.partial):
     plain function (much faster than an object's ``__call__``).
     """
 
+    # Set on each instance by `__new__` (a partial has a ``__dict__``), as on the plain
+    # functions `jit` returns.
+    jit_function: JitFunction
+    lower: Callable[..., jax.stages.Lowered]
+    _jit_kwargs: dict[str, Any]
+
     def __new__(
         cls, call: Callable, compiled: JitFunction, jit_kwargs: dict[str, Any]
     ) -> CompiledFunction:
@@ -454,7 +460,10 @@ class CompiledFunction(functools.partial):
     def __deepcopy__(self, memo: dict) -> CompiledFunction:
         # A copy compiles the deep copy of the function: for a bound method (say, an
         # Optimizer's), one bound to the copied object, which updates the copied variables.
-        return jit(copy.deepcopy(self.jit_function._fn, memo), **self._jit_kwargs)
+        # That copy is again no plain function, so `jit` gives a CompiledFunction, which its
+        # overloads (typed by the signature alone) cannot tell.
+        copied = jit(copy.deepcopy(self.jit_function._fn, memo), **self._jit_kwargs)
+        return cast(CompiledFunction, copied)
 
     def __repr__(self) -> str:
         return f"<statevar.jit function {self.jit_function.__name__}>"
