@@ -10,15 +10,14 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-import weakref
 from typing import Any, cast
 
+from ._state import compiled_functions
 from ._variable import Variable
 
-# What `statevar.jit` returned (plain functions and `CompiledFunction` partials), to follow
-# into the function each compiles. A wrapper made with functools.wraps copies a compiled
-# function's attributes, so membership, not an attribute, tells them apart.
-compiled_functions: weakref.WeakSet = weakref.WeakSet()
+# `compiled_functions` holds what `statevar.jit` returned, to follow into the function each
+# compiles. A wrapper made with functools.wraps copies a compiled function's attributes, so
+# membership, not an attribute, tells them apart.
 
 
 def closure_variables(fn: Any) -> list[Variable]:

@@ -8,13 +8,13 @@ import inspect
 import operator
 import types
 from collections.abc import Callable
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple, cast, overload
 
 import jax
 import numpy as np
 
-from . import _placement, _trace, _update, _variable
-from ._closure import closure_variables, compiled_functions
+from . import _placement, _state, _trace, _variable
+from ._closure import closure_variables
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError
 from ._jit_cache import Box, Cache, Entry, reference, store, warm_call
@@ -23,11 +23,9 @@ from ._tree import Node, Structure, is_state, variables_and_structure
 from ._typing import Compiled, Params, Result
 from ._variable import Variable
 
-_trainable_epoch = _variable.trainable_epoch  # a one-item list, updated in place
+_compile_epoch = _state.compile_epoch  # a one-item list, changed in place
+_concrete_argument_types = _state.concrete_argument_types  # a set, added to in place
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
-# The exact types of the concrete (non-tracer) array arguments seen so far; the fast path of
-# a call accepts arguments of these types only.
-_CONCRETE_TYPES: set[type] = {np.ndarray, bool, int, float, complex}
 
 
 class Split(NamedTuple):
@@ -63,7 +61,7 @@ def split_call(
         if isinstance(leaf, _ARRAY_TYPES) and not is_static(treedef, position):
             if isinstance(leaf, Tracer):
                 raise _under_transformation(name)
-            _CONCRETE_TYPES.add(type(leaf))
+            _concrete_argument_types.add(type(leaf))
             dynamic.append(leaf)
             continue
         if isinstance(leaf, Variable):
@@ -142,7 +140,7 @@ class JitFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the function: the general path, which `jit`'s function takes unless
         an earlier call with the same kind of arguments left an entry it finds directly."""
-        if _trace.open_frames and _trace.innermost() is not None:
+        if _state.open_trace_frames and _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
         return self._run(*self._prepare(args, kwargs))
@@ -203,12 +201,12 @@ class JitFunction:
     def _run(self, key: Any, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables'
         arrays: the warm call, or the first call of an entry (see `_first_call`)."""
-        if entry.epoch != _trainable_epoch[0]:
+        if entry.epoch != _compile_epoch[0]:
             if _variable.compile_flags(entry.lifted) != entry.flags:
                 entry = self._compile(entry.split, entry.extra, entry.refs)
                 self._cache.entries[key] = entry
             else:
-                entry.epoch, entry.call = _trainable_epoch[0], None
+                entry.epoch, entry.call = _compile_epoch[0], None
         found = entry.last_found
         if found is not None and found.needs_retrace:
             entry = self._retrace(key, entry, found)  # JAX traced it again for new shapes
@@ -221,7 +219,7 @@ class JitFunction:
         some), then runs it as the warm call does, holding signal handlers: JAX's first
         call runs Python code after donating."""
         box = Box()
-        with _update.state_lock:
+        with _state.update_lock:
             arrays = entry.arrays()
             self._check_devices(entry.lifted, arrays, dynamic)  # before anything is donated
             found = entry.trace(arrays, dynamic)
@@ -240,7 +238,7 @@ class JitFunction:
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer.
                 for variable, array in zip(entry.lifted, arrays, strict=True):
-                    variable._value = array
+                    variable._replace_array(array)
                 raise self._under_transformation()
         entry.call = warm_call(self, key, entry)
         return box.value
@@ -392,10 +390,10 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     compiled = JitFunction(fn, **jit_kwargs)
     run, general = compiled._run, compiled.__call__
     entries, find = compiled._cache.entries, compiled._cache.find
-    accepts = _CONCRETE_TYPES.issuperset
+    accepts = _concrete_argument_types.issuperset
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs and not _trace.open_frames:
+        if not kwargs and not _state.open_trace_frames:
             types = tuple(map(type, args))
             if accepts(types):
                 # Fast path for the common step(x, y): only concrete arrays and scalars, so
@@ -421,12 +419,12 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         # A plain function gives a plain function: it binds as a method, Python calls it
         # fastest, and a deep copy shares it, as it shares any function.
         call.jit_function, call._jit_kwargs, call.lower = compiled, jit_kwargs, compiled.lower
-        compiled_functions.add(call)
+        _state.compiled_functions.add(call)
         return _wrap(call, fn)
     # A bound method (an Optimizer's, say), a partial or a callable object belongs to an
     # instance: a deep copy of that instance must get a function compiled for the copy.
     wrapper = _wrap(CompiledFunction(call, compiled, jit_kwargs), fn)
-    compiled_functions.add(wrapper)
+    _state.compiled_functions.add(wrapper)
     return wrapper
 
 
@@ -437,6 +435,12 @@ class CompiledFunction(functools.partial):
     A `functools.partial` of the calling function, which Python calls almost as fast as a
     plain function (much faster than an object's ``__call__``).
     """
+
+    # Set on each instance by `__new__` (a partial has a ``__dict__``), as on the plain
+    # functions `jit` returns.
+    jit_function: JitFunction
+    lower: Callable[..., jax.stages.Lowered]
+    _jit_kwargs: dict[str, Any]
 
     def __new__(
         cls, call: Callable, compiled: JitFunction, jit_kwargs: dict[str, Any]
@@ -456,7 +460,10 @@ class CompiledFunction(functools.partial):
     def __deepcopy__(self, memo: dict) -> CompiledFunction:
         # A copy compiles the deep copy of the function: for a bound method (say, an
         # Optimizer's), one bound to the copied object, which updates the copied variables.
-        return jit(copy.deepcopy(self.jit_function._fn, memo), **self._jit_kwargs)
+        # That copy is again no plain function, so `jit` gives a CompiledFunction, which its
+        # overloads (typed by the signature alone) cannot tell.
+        copied = jit(copy.deepcopy(self.jit_function._fn, memo), **self._jit_kwargs)
+        return cast(CompiledFunction, copied)
 
     def __repr__(self) -> str:
         return f"<statevar.jit function {self.jit_function.__name__}>"

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from . import _trace, _update, _variable
+from . import _state, _trace, _update, _variable
 from ._convert import Tracer
 from ._tree import Node, Structure, read_variables
 from ._variable import Variable
@@ -41,8 +41,9 @@ _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
 _consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
 _flatten = itertools.chain.from_iterable
 _setattr = setattr
-_acquire, _release = _update.state_lock.acquire, _update.state_lock.release
-_trainable_epoch = _variable.trainable_epoch  # a one-item list, updated in place
+_acquire, _release = _state.update_lock.acquire, _state.update_lock.release
+_compile_epoch = _state.compile_epoch  # a one-item list, changed in place
+_ARRAY_ATTRIBUTE = _variable.ARRAY_ATTRIBUTE
 
 
 class Found:
@@ -117,12 +118,12 @@ class Entry:
         # place (JAX would otherwise prune the unread argument and its donation).
         self.jitted = jax.jit(pure, donate_argnums=0, **{"keep_unused": True, **jit_kwargs})
         self.flags = _variable.compile_flags(lifted)
-        self.epoch = _trainable_epoch[0]
+        self.epoch = _compile_epoch[0]
         self.call: Callable[[tuple[Any, ...]], Any] | None = None
 
     def arrays(self) -> list[jax.Array]:
         """The lifted variables' arrays, ready to donate: each held by its variable alone,
-        or a copy (an array read earlier stays valid). Call it under the state lock."""
+        or a copy (an array read earlier stays valid). Call it under `_state.update_lock`."""
         arrays = [v._value for v in self.lifted]
         # One pass in C for the common case: every array held by its variable alone.
         if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
@@ -202,7 +203,7 @@ def store(entry: Entry, box: Box, arrays: list[jax.Array], dynamic: tuple) -> No
         map(
             _setattr,
             itertools.chain(entry.lifted, (box,)),
-            itertools.chain(itertools.repeat("_value", len(entry.lifted)), ("value",)),
+            itertools.chain(itertools.repeat(_ARRAY_ATTRIBUTE, len(entry.lifted)), ("value",)),
             _flatten(map(entry.jitted, (arrays,), (dynamic,))),
         )
     )
@@ -224,11 +225,11 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
     epoch = entry.epoch
     box = Box()
     targets = (*lifted, box)
-    attributes = ("_value",) * len(lifted) + ("value",)
+    attributes = (_ARRAY_ATTRIBUTE,) * len(lifted) + ("value",)
     first = lifted[0] if lifted else None
 
     def call(dynamic: tuple[Any, ...]) -> Any:
-        if _trainable_epoch[0] != epoch:
+        if _compile_epoch[0] != epoch:
             return _run(function_ref, key, dynamic)
         # Acquired inside the try, so that an exception landing right after acquiring still
         # releases (see `Variable.assign`).

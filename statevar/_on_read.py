@@ -30,12 +30,12 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _placement, _trace, _update
+from . import _placement, _state, _trace, _update
 from ._convert import Tracer, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from ._signals import held_signals
 from ._update import Operation
-from ._variable import Variable, placement_epoch
+from ._variable import Variable
 from ._view import read_operand
 
 _getrefcount, _SOLE_HOLDER = sys.getrefcount, _update.SOLE_HOLDER
@@ -451,7 +451,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
         read earlier stay valid. As atomic as `Variable._update` with respect to
         exceptions raised at any bytecode.
         """
-        if _trace.open_frames and _trace.innermost() is not None:
+        if _state.open_trace_frames and _trace.innermost() is not None:
             return self._update_traced(operation, value, index)
         layout = self._layout
         if isinstance(value, PerReplica):
@@ -467,7 +467,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
         self._check_operation(operation)
         signature = _update.signature(operation, operand, index)
         operands = (operand,) if index is None else (operand, *index)
-        with _update.state_lock:
+        with _state.update_lock:
             update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
             cold = signature not in self._compiled
@@ -565,16 +565,16 @@ class OnReadVariable(Variable, synchronization="on_read"):
             sharding = jax.sharding.SingleDeviceSharding(sharding)
         target = _placement.resolve_sharding(sharding, self.shape, action)
         placed = layout(action, target, self._aggregation)
-        if _trace.open_frames and _trace.innermost() is not None:
+        if _state.open_trace_frames and _trace.innermost() is not None:
             raise TraceContextError(
                 f"{action} inside statevar.jit or statevar.grad: reshard it before the "
                 "compiled step"
             )
         new = initializer(placed)(_placement.put(self._read(), target))
-        with _update.state_lock:
+        with _state.update_lock:
             self._value, self._layout = new, placed
             self._compiled = set()
-        placement_epoch[0] += 1
+        _state.bump_compile_epoch()
         _placement.log(self.name, "reshard", target)
         return self
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import operator
 import warnings
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -20,12 +19,9 @@ from ._errors import TraceContextError
 from ._jit import jit
 from ._optimizer_state import legacy_order, state_layout, state_names, unique
 from ._placement import is_multi_device, replicated
+from ._state import live_optimizers
 from ._tree import is_differentiable, is_variable, named_targets, not_a_variable, variable_tree
 from ._variable import Variable
-
-# Every live Optimizer, to find the names its state variables had before they were named
-# after their parameters (see `legacy_names`).
-_optimizers: weakref.WeakSet[Optimizer] = weakref.WeakSet()
 
 _LEARNING_RATE = "learning_rate"
 
@@ -59,7 +55,7 @@ def legacy_names() -> tuple[dict[int, str], set[int]]:
     written then use; and the ids of the Optimizers' `iterations`, which did not exist."""
     names: dict[int, str] = {}
     counters: set[int] = set()
-    for optimizer in list(_optimizers):
+    for optimizer in list(live_optimizers):
         names.update(zip(map(id, optimizer._state), optimizer._legacy_names, strict=False))
         counters.add(id(optimizer._iterations))
     return names, counters
@@ -135,7 +131,7 @@ class Optimizer:
         self._spread = False
         # The variables `apply` has warned about getting no gradient for.
         self._warned_no_gradient: set[Variable] = set()
-        _optimizers.add(self)
+        live_optimizers.add(self)
         self._compiled_apply = jit(self._apply_traced)
         if variables is not None:
             self.build(variables)
@@ -481,7 +477,7 @@ class Optimizer:
         memo[id(self)] = duplicate
         for key, value in vars(self).items():
             setattr(duplicate, key, copy.deepcopy(value, memo))
-        _optimizers.add(duplicate)
+        live_optimizers.add(duplicate)
         return duplicate
 
     def __repr__(self) -> str:

@@ -23,6 +23,7 @@ from jax.sharding import (
     SingleDeviceSharding,
 )
 
+from . import _state
 from ._errors import PlacementError
 
 # jax.Device is a class at run time, but jaxlib ships no stub for it and pyright reads the
@@ -38,13 +39,10 @@ class PlacementWarning(UserWarning):
     """Soft placement moved a variable or computation to the default device."""
 
 
-class _Settings:
-    soft_placement = True
-    log_placement = False
-
-
-_settings = _Settings()
-_scopes = threading.local()
+# The process-wide placement settings (see `_state`).
+_settings = _state.placement_settings
+# This thread's stack of `device` and `mesh` scopes (``.stack``), private to this module.
+_thread_scopes = threading.local()
 
 
 def set_soft_device_placement(enabled: bool) -> None:
@@ -263,15 +261,15 @@ def mesh(device_mesh: Mesh, rules: Sequence[Rule] | None = None) -> Iterator[Mes
 
 
 def _scope_stack() -> list[Any]:
-    stack = getattr(_scopes, "stack", None)
+    stack = getattr(_thread_scopes, "stack", None)
     if stack is None:
-        stack = _scopes.stack = []
+        stack = _thread_scopes.stack = []
     return stack
 
 
 def current_device() -> jax.Device | None:  # pyright: ignore[reportInvalidTypeForm]
     """Returns the innermost scope's device, or None outside any scope or in a mesh scope."""
-    stack = getattr(_scopes, "stack", None)
+    stack = getattr(_thread_scopes, "stack", None)
     if stack and isinstance(stack[-1], jax.Device):
         return stack[-1]
     return None
@@ -279,13 +277,13 @@ def current_device() -> jax.Device | None:  # pyright: ignore[reportInvalidTypeF
 
 def current_scope() -> jax.Device | MeshScope | None:  # pyright: ignore[reportInvalidTypeForm]
     """Returns the innermost `device` or `mesh` scope's entry, or None outside any."""
-    stack = getattr(_scopes, "stack", None)
+    stack = getattr(_thread_scopes, "stack", None)
     return stack[-1] if stack else None
 
 
 def current_mesh() -> MeshScope | None:
     """Returns the innermost `mesh` scope, or None outside any."""
-    for entry in reversed(getattr(_scopes, "stack", None) or ()):
+    for entry in reversed(getattr(_thread_scopes, "stack", None) or ()):
         if isinstance(entry, MeshScope):
             return entry
     return None

@@ -28,15 +28,14 @@ from jax import lax
 from jax.extend.core import find_top_trace, get_opaque_trace_state
 
 from ._errors import TraceContextError
+from ._state import enter_trace_frame, exit_trace_frame
 
 if TYPE_CHECKING:
     from ._variable import Variable
 
-_local = threading.local()
-# Number of frames open in any thread: while it is 0 (the eager hot path), nothing is traced
-# and the thread-local lookup can be skipped. Read it as ``_trace.open_frames``.
-open_frames = 0
-_count_lock = threading.Lock()
+# This thread's stack of open frames (``.stack``), private to this module. How many are open
+# in all threads is `_state.open_trace_frames`, which the hot paths test first.
+_thread_frames = threading.local()
 
 # JAX caches the traces of the functions given to its transformations (a scan's body, a
 # cond's branches) by function and input types, with the values they close over. A function
@@ -95,41 +94,37 @@ class Frame:
         self._context: Any = None
 
     def __enter__(self) -> Frame:
-        global open_frames
         self._context = _frame_context(next(_frame_numbers))
         self._context.__enter__()
         self._state = get_opaque_trace_state()
         self._trace = find_top_trace(())
         _stack().append(self)
-        with _count_lock:
-            open_frames += 1
+        enter_trace_frame()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        global open_frames
         _stack().pop()
         self._trace = None
         self._context.__exit__(*exc_info)
-        with _count_lock:
-            open_frames -= 1
+        exit_trace_frame()
 
 
 def _stack() -> list[Frame]:
-    stack = getattr(_local, "stack", None)
+    stack = getattr(_thread_frames, "stack", None)
     if stack is None:
-        stack = _local.stack = []
+        stack = _thread_frames.stack = []
     return stack
 
 
 def innermost() -> Frame | None:
     """Returns this thread's innermost frame, or None."""
-    stack = getattr(_local, "stack", None)
+    stack = getattr(_thread_frames, "stack", None)
     return stack[-1] if stack else None
 
 
 def outermost() -> Frame | None:
     """Returns this thread's outermost frame, or None."""
-    stack = getattr(_local, "stack", None)
+    stack = getattr(_thread_frames, "stack", None)
     return stack[0] if stack else None
 
 
@@ -143,7 +138,7 @@ def read(var: Variable) -> Any | None:
       TraceContextError: if ``var`` lives in a ref and is read where a ref cannot be (a
         `jax.custom_jvp` function).
     """
-    stack = getattr(_local, "stack", None)
+    stack = getattr(_thread_frames, "stack", None)
     if not stack:
         return None
     for frame in reversed(stack):

@@ -178,7 +178,7 @@ def label(variable: Variable, path: str) -> None:
     if variable._name is None:
         known = variable._path
         if known is None or path.count("/") > known.count("/"):
-            variable._path = path
+            variable._set_path(path)
 
 
 # ----------------------------------------------------------------------------- targets

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +24,6 @@ from jax.core import Tracer
 from jax.sharding import Sharding
 
 from ._placement import is_explicit, pin
-
-# Guards every variable's array: eager updates and reads, and `statevar.jit` calls, which
-# read, donate and replace many variables at once. One reentrant lock (rather than one per
-# variable) keeps a compiled step to a single acquire and cannot deadlock.
-state_lock = threading.RLock()
 
 
 def _fit(value: jax.Array, like: Any) -> jax.Array:

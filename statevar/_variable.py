@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _placement, _trace, _update
+from . import _placement, _state, _trace, _update
 from ._convert import (
     Tracer,
     check_initial_conversion,
@@ -29,13 +29,15 @@ from ._view import Readable, read_operand, traced_update_error, unwrap_index
 # jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
 _SOLE_HOLDER, _getrefcount = _update.SOLE_HOLDER, sys.getrefcount
-_state_lock = _update.state_lock
-_acquire, _release = _state_lock.acquire, _state_lock.release
-_settings = _placement._settings
+_update_lock = _state.update_lock
+_acquire, _release = _update_lock.acquire, _update_lock.release
+_placement_settings = _state.placement_settings
 
-# Counts changes of any variable's trainable flag or sharding; when it moves,
-# `statevar.jit` checks whether the flags and shardings its traces were made for still hold.
-trainable_epoch = placement_epoch = [0]
+# The attribute holding a variable's array. `Variable._replace_array` stores a new array in
+# it; the one other store is `statevar.jit`'s compiled step (`_jit_cache.store` and
+# `warm_call`), which stores many variables' arrays at once through ``setattr`` in one C
+# call chain, so that no bytecode comes between the donating call and the stores.
+ARRAY_ATTRIBUTE = "_value"
 
 
 def compile_flags(variables: tuple[Variable, ...]) -> tuple:
@@ -145,6 +147,108 @@ def _target_sharding(
     return scope or _default_device()
 
 
+def _placement_request(label: str, device: Any, sharding: Any) -> tuple[Any, Any]:
+    """Returns the ``(device, sharding)`` a new variable asks for: a Sharding given as
+    ``device=`` counts as ``sharding=``.
+
+    Raises:
+      TypeError: if both are given.
+    """
+    if sharding is not None and device is not None:
+        raise TypeError(
+            f"Cannot create Variable '{label}' with both device= and sharding=: pass one"
+        )
+    if isinstance(device, jax.sharding.Sharding):
+        return None, device
+    return device, sharding
+
+
+def _evaluate_initializer(
+    label: str, initial_value: Any, sharding: Any, device: Any
+) -> tuple[Any, Any]:
+    """Returns ``(initial value, target placement)``: for a callable initial value, its
+    result, computed directly with the variable's sharding (never whole on one device
+    first), and that placement; for anything else, the value itself and None.
+
+    Raises:
+      DtypeMismatchError: if the callable fails, or does not return one array.
+      PlacementError: if the placement does not fit (see `Variable`).
+    """
+    if not _is_initializer(initial_value):
+        return initial_value, None
+    try:
+        abstract = jax.eval_shape(initial_value)
+    except Exception as error:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' from the callable {initial_value!r}: {error}"
+        ) from error
+    if not hasattr(abstract, "shape"):
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}': its initial value callable returns "
+            f"{type(abstract).__name__}, expected one array"
+        )
+    target = _target_sharding(label, abstract.shape, sharding, device, None)
+    if isinstance(target, jax.sharding.Sharding):
+        return jax.jit(initial_value, out_shardings=target)(), target
+    return initial_value(), target
+
+
+def _check_initial_value(label: str, initial_value: Any, dtype: Any) -> None:
+    """Refuses an initial value that is deleted or traced, or that the requested ``dtype``
+    cannot hold (by the rules of an assign).
+
+    Raises:
+      ValueError: if it is a deleted array.
+      TraceContextError: if it is a tracer.
+      DtypeMismatchError: if ``dtype`` is not a dtype, or the conversion loses information.
+    """
+    check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
+    if isinstance(initial_value, Tracer):
+        raise TraceContextError(
+            f"Cannot create Variable '{label}' from a traced value inside a JAX "
+            "transformation: create variables outside jitted or differentiated functions."
+        )
+    if dtype is not None:
+        try:
+            requested = jnp.dtype(dtype)
+        except TypeError as error:
+            raise DtypeMismatchError(
+                f"Cannot create Variable '{label}' with dtype {dtype!r}: {error}"
+            ) from None
+        check_initial_conversion(initial_value, requested, label)
+
+
+def _initial_array(label: str, initial_value: Any, dtype: Any) -> jax.Array:
+    """Returns a strongly typed copy of ``initial_value`` with ``dtype`` (inferred as JAX
+    infers it when None), on JAX's default device.
+
+    Raises:
+      DtypeMismatchError: if the value is out of range for the dtype, cannot be
+        converted, or is not numeric.
+    """
+    try:
+        value = jnp.array(initial_value, dtype=dtype, copy=True)
+    except OverflowError:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}': {short_repr(initial_value)} is out of range "
+            f"for dtype {jnp.dtype(dtype) if dtype is not None else 'int32'}"
+        ) from None
+    except (TypeError, ValueError) as error:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' from {type(initial_value).__name__} "
+            f"{short_repr(initial_value)}: {error}"
+        ) from error
+    if family(value.dtype) is None:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' with dtype {value.dtype}: expected a "
+            "bool, integer, floating or complex dtype"
+        )
+    if value.weak_type:
+        # A variable's dtype is fixed: Python scalars give a strongly typed array.
+        value = jnp.array(value, dtype=value.dtype)
+    return value
+
+
 def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     # A local device: under jax.distributed, another process's devices come first in
     # jax.devices() on every process but the first.
@@ -178,11 +282,11 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
             and name in self._compiled
             and value.aval == current.aval  # type: ignore[union-attr]
             and not value._committed  # type: ignore[union-attr]
-            and not _trace.open_frames
+            and not _state.open_trace_frames
         ):
             del current  # a reference held here would make the array look shared
             # Acquired inside the try, so that an exception landing right after acquiring
-            # still releases; cheaper than `with _state_lock`.
+            # still releases; cheaper than `with _update_lock`.
             try:
                 _acquire()
                 kernel = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
@@ -202,7 +306,7 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                     _release()
                 except RuntimeError:
                     pass  # acquire itself was interrupted while waiting: nothing to release
-            if _settings.log_placement:
+            if _placement_settings.log_placement:
                 _placement.log(self.name, name, self.device)
             return self
         del current
@@ -310,78 +414,20 @@ class Variable(RefusedInPlace, Readable):
         on_read = synchronization == "on_read"
         if on_read:
             _check_on_read(self, label, trainable, aggregation)
-        trainable = not on_read if trainable is None else trainable
         _trace.check_creation(label)
         if isinstance(initial_value, Readable):  # a Variable, or a view of one
             initial_value = initial_value._read()
-        if sharding is not None and device is not None:
-            raise TypeError(
-                f"Cannot create Variable '{label}' with both device= and sharding=: pass one"
-            )
-        if isinstance(device, jax.sharding.Sharding):
-            device, sharding = None, device
-        if _is_initializer(initial_value):
-            # Created directly with its sharding, never whole on one device first.
-            try:
-                abstract = jax.eval_shape(initial_value)
-            except Exception as error:
-                raise DtypeMismatchError(
-                    f"Cannot create Variable '{label}' from the callable {initial_value!r}: {error}"
-                ) from error
-            if not hasattr(abstract, "shape"):
-                raise DtypeMismatchError(
-                    f"Cannot create Variable '{label}': its initial value callable returns "
-                    f"{type(abstract).__name__}, expected one array"
-                )
-            target = _target_sharding(label, abstract.shape, sharding, device, None)
-            if isinstance(target, jax.sharding.Sharding):
-                initial_value = jax.jit(initial_value, out_shardings=target)()
-            else:
-                initial_value = initial_value()
-        else:
-            target = None
-        check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
-        if isinstance(initial_value, Tracer):
-            raise TraceContextError(
-                f"Cannot create Variable '{label}' from a traced value inside a JAX "
-                "transformation: create variables outside jitted or differentiated functions."
-            )
-        if dtype is not None:
-            try:
-                requested = jnp.dtype(dtype)
-            except TypeError as error:
-                raise DtypeMismatchError(
-                    f"Cannot create Variable '{label}' with dtype {dtype!r}: {error}"
-                ) from None
-            check_initial_conversion(initial_value, requested, label)
+        device, sharding = _placement_request(label, device, sharding)
+        initial_value, target = _evaluate_initializer(label, initial_value, sharding, device)
+        _check_initial_value(label, initial_value, dtype)
         if target is None:
             # Checked before anything is copied to a device: a bad request changes nothing.
             target = _target_sharding(
                 label, np.shape(initial_value), sharding, device, initial_value
             )
-        try:
-            value = jnp.array(initial_value, dtype=dtype, copy=True)
-        except OverflowError:
-            raise DtypeMismatchError(
-                f"Cannot create Variable '{label}': {short_repr(initial_value)} is out of range "
-                f"for dtype {jnp.dtype(dtype) if dtype is not None else 'int32'}"
-            ) from None
-        except (TypeError, ValueError) as error:
-            raise DtypeMismatchError(
-                f"Cannot create Variable '{label}' from {type(initial_value).__name__} "
-                f"{short_repr(initial_value)}: {error}"
-            ) from error
-        if family(value.dtype) is None:
-            raise DtypeMismatchError(
-                f"Cannot create Variable '{label}' with dtype {value.dtype}: expected a "
-                "bool, integer, floating or complex dtype"
-            )
-
-        if value.weak_type:
-            # A variable's dtype is fixed: Python scalars give a strongly typed array.
-            value = jnp.array(value, dtype=value.dtype)
+        value = _initial_array(label, initial_value, dtype)
         self._name = name
-        self._trainable = bool(trainable)
+        self._trainable = bool(not on_read if trainable is None else trainable)
         if synchronization != "auto" or aggregation != "none":
             self._synchronization, self._aggregation = synchronization, aggregation
         # Signatures of the updates this variable has run: JAX's fast path for their calls.
@@ -402,7 +448,7 @@ class Variable(RefusedInPlace, Readable):
     def trainable(self, enabled: bool) -> None:
         if bool(enabled) != self._trainable:
             self._trainable = bool(enabled)
-            trainable_epoch[0] += 1
+            _state.bump_compile_epoch()
 
     def reshard(
         self, sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None
@@ -440,28 +486,28 @@ class Variable(RefusedInPlace, Readable):
             target = _placement.resolve_sharding(
                 sharding, self.shape, f"Cannot reshard Variable '{self.name}'"
             )
-        if _trace.open_frames and _trace.innermost() is not None:
+        if _state.open_trace_frames and _trace.innermost() is not None:
             raise TraceContextError(
                 f"Cannot reshard Variable '{self.name}' inside statevar.jit or statevar.grad: "
                 "reshard it before the compiled step"
             )
         new = _placement.put(self._read(), target)
-        with _state_lock:
+        with _update_lock:
             self._value = new
             # Updates compiled for the old placement must not serve the new one.
             self._compiled = set()
-        placement_epoch[0] += 1
+        _state.bump_compile_epoch()
         _placement.log(self.name, "reshard", target)
         return self
 
     # ----------------------------------------------------------------- reads
 
     def _read(self) -> jax.Array:
-        if _trace.open_frames:
+        if _state.open_trace_frames:
             traced = _trace.read(self)
             if traced is not None:
                 return traced
-        try:  # rather than `with _state_lock`, which costs more; see `_update`
+        try:  # rather than `with _update_lock`, which costs more; see `_eager_update`
             _acquire()
             value = self._value
         finally:
@@ -472,6 +518,20 @@ class Variable(RefusedInPlace, Readable):
         if value.is_deleted():
             raise self._deleted_error("Cannot read")
         return value
+
+    def _replace_array(self, array: jax.Array) -> None:
+        """Stores ``array`` as the variable's value, as it is: no conversion, no check.
+
+        The one store of a new array for code outside this module (the compiled step's
+        bulk store aside: see `ARRAY_ATTRIBUTE`). Donates nothing: the old array stays
+        valid for whoever still holds it. Callers hold `_state.update_lock` wherever
+        another thread may update the variable.
+        """
+        self._value = array
+
+    def _set_path(self, path: str) -> None:
+        """Lets the variable be known by ``path`` in the Module holding it (see `name`)."""
+        self._path = path
 
     # ----------------------------------------------------------------- updates
 
@@ -606,15 +666,8 @@ class Variable(RefusedInPlace, Readable):
         else:
             signature = None
         del current
-        if _trace.open_frames and _trace.innermost() is not None:
-            # While statevar.jit or statevar.grad traces: record the new traced value.
-            self._check_operation(operation)
-            old = _trace.read(self) if operation is not ASSIGN else None
-            if old is None:
-                old = self._value
-            new = operation.pure(old, value, *(index or ()))
-            _trace.write(self, new, operation.phrase)
-            return self
+        if _state.open_trace_frames and _trace.innermost() is not None:
+            return self._record_traced(operation, value, index)
         if signature is None:
             signature = _update.signature(operation, value, index)
         sharding = self._value.sharding
@@ -625,7 +678,7 @@ class Variable(RefusedInPlace, Readable):
             signature = (signature, sharding)
         else:
             donating, copying = operation.donating, operation.copying
-        with _state_lock:
+        with _update_lock:
             update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
             cold = signature not in self._compiled
@@ -646,8 +699,21 @@ class Variable(RefusedInPlace, Readable):
                 self._refuse_traced(operation, old)
             if cold:
                 self._compiled.add(signature)
-        if _settings.log_placement:
+        if _placement_settings.log_placement:
             _placement.log(self.name, operation.name, self.device)
+        return self
+
+    def _record_traced(self, operation: Operation, value: Any, index: tuple | None) -> Variable:
+        """Applies ``operation`` while `statevar.jit` or `statevar.grad` traces: records the
+        new traced value in the innermost trace frame. The variable's own array is neither
+        read for donation nor replaced.
+        """
+        self._check_operation(operation)
+        old = _trace.read(self) if operation is not ASSIGN else None
+        if old is None:
+            old = self._value
+        new = operation.pure(old, value, *(index or ()))
+        _trace.write(self, new, operation.phrase)
         return self
 
     def _failed_update(self, operation: Operation, value: Any, old: jax.Array) -> Variable:

@@ -14,13 +14,13 @@ from typing import Any, NoReturn
 import jax
 import numpy as np
 
-from . import _placement, _update
+from . import _placement, _state
 from ._convert import Tracer, is_concrete_array
 from ._errors import TraceContextError
 from ._operators import ArrayOperators, RebindingInPlace
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, Operation
 
-_state_lock = _update.state_lock
+_update_lock = _state.update_lock
 
 
 class Readable(ArrayOperators):
@@ -148,7 +148,7 @@ class Readable(ArrayOperators):
         try:
             # Under the lock, so that an update in another thread cannot donate the array
             # between reading the attribute and converting it.
-            with _state_lock:
+            with _update_lock:
                 value = self._value
             if value.is_deleted():
                 raise _DeletedOutside

@@ -1,0 +1,76 @@
+"""The process-wide mutable state every module shares, each name saying what it guards.
+
+Nothing else in the package keeps module-level state that another module reads or changes:
+the modules use these names from here (hot paths bind them once at import, or read them as
+``_state.name``, a module attribute read). Per-thread state stays private to the module
+that owns it: the stack of trace frames in `_trace` and the stack of device and mesh
+scopes in `_placement`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+# Guards every variable's array between reading it for an update and storing the result:
+# eager updates and reads, and `statevar.jit` calls, which read, donate and replace many
+# variables at once. One reentrant lock (rather than one per variable) keeps a compiled
+# step to a single acquire and cannot deadlock.
+update_lock = threading.RLock()
+
+# Counts changes of any variable's trainable flag or sharding (a one-item list, changed in
+# place by `bump_compile_epoch`): when it moves, `statevar.jit` checks whether the flags and
+# shardings its traces were made for still hold.
+compile_epoch = [0]
+
+# Number of trace frames open in any thread: while it is 0 (the eager hot path), nothing is
+# traced and `_trace`'s per-thread lookup can be skipped. Changed only by
+# `enter_trace_frame` and `exit_trace_frame`, under `_trace_frames_lock`.
+open_trace_frames = 0
+_trace_frames_lock = threading.Lock()
+
+
+class PlacementSettings:
+    """Whether soft placement is on (a missing device falls back to the default one) and
+    whether placements are logged; set by `statevar.set_soft_device_placement` and
+    `statevar.set_log_device_placement`."""
+
+    soft_placement = True
+    log_placement = False
+
+
+# The placement settings, process-wide, as TensorFlow's.
+placement_settings = PlacementSettings()
+
+# What `statevar.jit` returned (plain functions and `CompiledFunction` partials), so that
+# closure discovery can follow them into the function each compiles.
+compiled_functions: weakref.WeakSet[Any] = weakref.WeakSet()
+
+# Every live Optimizer, to find the names its state variables had in older checkpoints.
+live_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+# The exact types of the concrete (non-tracer) array arguments `statevar.jit` has seen; its
+# fast path accepts arguments of these types only.
+concrete_argument_types: set[type] = {np.ndarray, bool, int, float, complex}
+
+
+def bump_compile_epoch() -> None:
+    """Records that a trainable flag or a sharding changed: compiled steps check again."""
+    compile_epoch[0] += 1
+
+
+def enter_trace_frame() -> None:
+    """Counts a trace frame opened, in any thread."""
+    global open_trace_frames
+    with _trace_frames_lock:
+        open_trace_frames += 1
+
+
+def exit_trace_frame() -> None:
+    """Counts a trace frame closed, in any thread."""
+    global open_trace_frames
+    with _trace_frames_lock:
+        open_trace_frames -= 1
