@@ -33,7 +33,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 from . import _placement, _state, _trace, _update
 from ._convert import Tracer, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
-from ._signals import held_signals
 from ._update import Operation
 from ._variable import Variable
 from ._view import read_operand
@@ -467,24 +466,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
         self._check_operation(operation)
         signature = _update.signature(operation, operand, index)
         operands = (operand,) if index is None else (operand, *index)
-        with _state.update_lock:
-            update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
-            old = self._value
-            cold = signature not in self._compiled
-            try:
-                if cold:
-                    # JAX's first call runs Python code after donating (see `_signals`).
-                    with held_signals():
-                        self._value = update(old, *operands)
-                else:
-                    # The store follows the call with no check for signals (see `Variable`).
-                    (self._value,) = map(update, (old,), *zip(operands))
-            except (RuntimeError, ValueError):
-                return self._failed_update(operation, value, old)
-            if type(self._value) is not type(old):
-                self._refuse_traced(operation, old)
-            if cold:
-                self._compiled.add(signature)
+        self._run_kernel(operation, (donating, copying), signature, value, operands)
         _placement.log(self.name, operation.name, self.sharding)
         return self
 

@@ -678,30 +678,43 @@ class Variable(RefusedInPlace, Readable):
             signature = (signature, sharding)
         else:
             donating, copying = operation.donating, operation.copying
+        operands = (value,) if index is None else (value, *index)
+        self._run_kernel(operation, (donating, copying), signature, value, operands)
+        if _placement_settings.log_placement:
+            _placement.log(self.name, operation.name, self.device)
+        return self
+
+    def _run_kernel(
+        self, operation: Operation, kernels: tuple, signature: Any, value: Any, operands: tuple
+    ) -> None:
+        """Runs an update kernel on the variable's array and stores its result: the donating
+        kernel of ``kernels`` (donating, copying) when nothing else holds the array, else
+        the copying one (arrays read earlier stay valid).
+
+        Atomic with respect to exceptions raised at any bytecode: JAX's first call for new
+        argument types (``signature`` not yet run) runs Python code after donating, so it
+        holds the signal handlers until the result is stored; later calls store the result
+        with no check for signals in between (see `_eager_update`).
+        """
+        donating, copying = kernels
         with _update_lock:
-            update = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
+            kernel = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
             cold = signature not in self._compiled
-            operands = (value,) if index is None else (value, *index)
             try:
                 if cold:
                     self._check_operation(operation)
-                    # JAX's first call for these argument types runs Python code after
-                    # donating: hold the signal handlers until the result is stored.
                     with held_signals():
-                        self._value = update(old, *operands)
+                        self._value = kernel(old, *operands)
                 else:
-                    # As in `_update`: the store follows the call with no check for signals.
-                    (self._value,) = map(update, (old,), *zip(operands))
+                    (self._value,) = map(kernel, (old,), *zip(operands))
             except (RuntimeError, ValueError):
-                return self._failed_update(operation, value, old)
+                self._failed_update(operation, value, old)
+                return
             if type(self._value) is not type(old):
                 self._refuse_traced(operation, old)
             if cold:
                 self._compiled.add(signature)
-        if _placement_settings.log_placement:
-            _placement.log(self.name, operation.name, self.device)
-        return self
 
     def _record_traced(self, operation: Operation, value: Any, index: tuple | None) -> Variable:
         """Applies ``operation`` while `statevar.jit` or `statevar.grad` traces: records the
