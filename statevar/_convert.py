@@ -322,15 +322,19 @@ def _fit_integers(source: _Source, dtype: np.dtype, action: str) -> Any:
     return converted
 
 
+def broadcasts_to(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    """Whether a value of ``shape`` broadcasts to ``expected`` (NumPy's rules)."""
+    if shape == expected:
+        return True
+    try:
+        return np.broadcast_shapes(shape, expected) == expected
+    except ValueError:
+        return False
+
+
 def _check_shape(shape: tuple[int, ...], expected: tuple[int, ...], action: str, what: str) -> None:
     """Refuses a value whose shape does not broadcast to ``expected`` (``what``'s shape)."""
-    if shape == expected:
-        return
-    try:
-        fits = np.broadcast_shapes(shape, expected) == expected
-    except ValueError:
-        fits = False
-    if not fits:
+    if not broadcasts_to(shape, expected):
         raise ShapeMismatchError(
             f"{action}: shape {shape} does not match the {what}'s shape {expected}"
         )

@@ -31,7 +31,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _placement, _state, _trace, _update
-from ._convert import Tracer, check_not_deleted, convert_for_update
+from ._convert import Tracer, broadcasts_to, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from ._update import Operation
 from ._variable import Variable
@@ -421,11 +421,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 f"{action}: statevar.PerReplica has {count} values, but the variable has "
                 f"{layout.replicas} replicas (mesh axis {layout.axis!r})"
             )
-        try:
-            fits = np.broadcast_shapes(part, shape) == shape
-        except ValueError:
-            fits = False
-        if not fits:
+        if not broadcasts_to(part, shape):
             raise ShapeMismatchError(
                 f"{action}: each replica's value in statevar.PerReplica has shape {part}, "
                 f"which does not broadcast to the variable's shape {shape}"
