@@ -389,6 +389,8 @@ class OnReadVariable(Variable, synchronization="on_read"):
             return replicas
         return reader(self._layout)(replicas)
 
+    value = property(_read, doc="The aggregate of the replicas' values (see `Variable.value`).")
+
     # ----------------------------------------------------------------- updates
 
     def _aggregate_target(self) -> jax.ShapeDtypeStruct:

@@ -519,6 +519,9 @@ class Variable(RefusedInPlace, Readable):
             raise self._deleted_error("Cannot read")
         return value
 
+    # `_read` itself as the property's getter: one Python call per read, not two.
+    value = property(_read, doc="The current value; it stays valid after later updates.")
+
     def _replace_array(self, array: jax.Array) -> None:
         """Stores ``array`` as the variable's value, as it is: no conversion, no check.
 
