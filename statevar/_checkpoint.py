@@ -112,27 +112,29 @@ def _legacy_targets(target: Any) -> list[tuple[str, Variable, str]]:
     """`named_targets` as statevar named variables in checkpoints of manifest version 1."""
     renamed, counters = legacy_names()
     found: list[tuple[str, Variable, str]] = []
-
-    def visit(obj: Any, path: str) -> None:
-        if isinstance(obj, Variable):
-            if id(obj) not in counters:  # an Optimizer's iterations: not in those checkpoints
-                name = obj._name if obj._name is not None else "Variable"
-                found.append((renamed.get(id(obj), name), obj, path or "the top level"))
-        elif isinstance(obj, Module):
-            for key, variable in obj.named_variables().items():
-                found.append((key, variable, f"{path or type(obj).__name__}/{key}"))
-        elif hasattr(type(obj), "_statevar_named_variables"):
-            for key, variable in obj._statevar_named_variables()[1].items():
-                visit(variable, f"{path or type(obj).__name__}/{key}")
-        elif isinstance(obj, (list, tuple, dict)):
-            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-            for key, item in items:
-                visit(item, f"{path}[{key!r}]")
-        else:
-            raise target_error(obj, "the checkpoint target", path or "the top level")
-
-    visit(target, "")
+    _visit_legacy(target, "", renamed, counters, found)
     return found
+
+
+def _visit_legacy(obj: Any, path: str, renamed: dict, counters: Any, found: list) -> None:
+    """Adds ``obj``'s variables to ``found`` for `_legacy_targets` (a function of the module:
+    a recursive closure would be a reference cycle)."""
+    if isinstance(obj, Variable):
+        if id(obj) not in counters:  # an Optimizer's iterations: not in those checkpoints
+            name = obj._name if obj._name is not None else "Variable"
+            found.append((renamed.get(id(obj), name), obj, path or "the top level"))
+    elif isinstance(obj, Module):
+        for key, variable in obj.named_variables().items():
+            found.append((key, variable, f"{path or type(obj).__name__}/{key}"))
+    elif hasattr(type(obj), "_statevar_named_variables"):
+        for key, variable in obj._statevar_named_variables()[1].items():
+            _visit_legacy(variable, f"{path or type(obj).__name__}/{key}", renamed, counters, found)
+    elif isinstance(obj, (list, tuple, dict)):
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for key, item in items:
+            _visit_legacy(item, f"{path}[{key!r}]", renamed, counters, found)
+    else:
+        raise target_error(obj, "the checkpoint target", path or "the top level")
 
 
 # --------------------------------------------------------------------------- save

@@ -28,39 +28,40 @@ def closure_variables(fn: Any) -> list[Variable]:
     """
     found: dict[Variable, None] = {}
     home = getattr(inspect.unwrap(fn), "__module__", None) if callable(fn) else None
-    seen: set[int] = set()
-
-    def collect(obj: Any, depth: int) -> None:
-        if id(obj) in seen or depth > 6:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, Variable):
-            found[obj] = None
-        elif hasattr(type(obj), "_statevar_variables"):
-            found.update(dict.fromkeys(obj._statevar_variables()))
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            for item in obj:
-                collect(item, depth + 1)
-        elif isinstance(obj, dict):
-            for item in obj.values():
-                collect(item, depth + 1)
-        elif isinstance(obj, types.MethodType):
-            collect(obj.__self__, depth + 1)
-            collect(obj.__func__, depth + 1)
-        elif isinstance(obj, (types.FunctionType, functools.partial)) and obj in compiled_functions:
-            collect(cast(Any, obj).jit_function._fn, depth + 1)
-        elif isinstance(obj, functools.partial):
-            collect(obj.func, depth + 1)
-            collect(obj.args, depth + 1)
-            collect(obj.keywords, depth + 1)
-        elif isinstance(obj, types.FunctionType) and (depth == 0 or obj.__module__ == home):
-            try:
-                names = inspect.getclosurevars(obj)
-            except (TypeError, ValueError):
-                return
-            for value in (*names.nonlocals.values(), *names.globals.values()):
-                if not isinstance(value, types.ModuleType):
-                    collect(value, depth + 1)
-
-    collect(fn, 0)
+    _collect(fn, 0, home, found, set())
     return list(found)
+
+
+def _collect(obj: Any, depth: int, home: str | None, found: dict, seen: set[int]) -> None:
+    """Adds to ``found`` the variables ``obj`` reaches (see `closure_variables`). A function
+    of the module, not a closure: a recursive closure would be a reference cycle holding
+    everything found until the garbage collector runs."""
+    if id(obj) in seen or depth > 6:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, Variable):
+        found[obj] = None
+    elif hasattr(type(obj), "_statevar_variables"):
+        found.update(dict.fromkeys(obj._statevar_variables()))
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for item in obj:
+            _collect(item, depth + 1, home, found, seen)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _collect(item, depth + 1, home, found, seen)
+    elif isinstance(obj, types.MethodType):
+        _collect(obj.__self__, depth + 1, home, found, seen)
+        _collect(obj.__func__, depth + 1, home, found, seen)
+    elif isinstance(obj, (types.FunctionType, functools.partial)) and obj in compiled_functions:
+        _collect(cast(Any, obj).jit_function._fn, depth + 1, home, found, seen)
+    elif isinstance(obj, functools.partial):
+        for part in (obj.func, obj.args, obj.keywords):
+            _collect(part, depth + 1, home, found, seen)
+    elif isinstance(obj, types.FunctionType) and (depth == 0 or obj.__module__ == home):
+        try:
+            names = inspect.getclosurevars(obj)
+        except (TypeError, ValueError):
+            return
+        for value in (*names.nonlocals.values(), *names.globals.values()):
+            if not isinstance(value, types.ModuleType):
+                _collect(value, depth + 1, home, found, seen)

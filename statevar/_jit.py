@@ -220,13 +220,13 @@ class JitFunction:
         call runs Python code after donating."""
         box = Box()
         with _state.update_lock:
-            arrays = entry.arrays()
+            arrays, originals = entry.arrays()
             self._check_devices(entry.lifted, arrays, dynamic)  # before anything is donated
             found = entry.trace(arrays, dynamic)
             while found.needs_retrace:
                 entry = self._retrace(key, entry, found)
-                arrays = []  # so that the arrays are not seen as shared
-                arrays = entry.arrays()
+                arrays = originals = []  # so that the arrays are not seen as shared
+                arrays, originals = entry.arrays()
                 self._check_devices(entry.lifted, arrays, dynamic)
                 found = entry.trace(arrays, dynamic)
             try:
@@ -236,8 +236,9 @@ class JitFunction:
                 raise self._failed_call(entry.lifted, arrays, error, dynamic) from error
             if entry.lifted and isinstance(entry.lifted[0]._value, Tracer):
                 # Called inside jax.jit without traced arguments: the whole call was traced
-                # (nothing ran, nothing was donated), so every value is a tracer.
-                for variable, array in zip(entry.lifted, arrays, strict=True):
+                # (nothing ran, nothing was donated), so every value is a tracer; so are
+                # copies made of shared arrays: put back the variables' own.
+                for variable, array in zip(entry.lifted, originals, strict=True):
                     variable._replace_array(array)
                 raise self._under_transformation()
         entry.call = warm_call(self, key, entry)

@@ -121,14 +121,15 @@ class Entry:
         self.epoch = _compile_epoch[0]
         self.call: Callable[[tuple[Any, ...]], Any] | None = None
 
-    def arrays(self) -> list[jax.Array]:
-        """The lifted variables' arrays, ready to donate: each held by its variable alone,
-        or a copy (an array read earlier stays valid). Call it under `_state.update_lock`."""
+    def arrays(self) -> tuple[list[jax.Array], list[jax.Array]]:
+        """The lifted variables' arrays ready to donate (each held by its variable alone, or
+        a copy: an array read earlier stays valid), and their own arrays, to put back if the
+        call turns out to be traced. Call it under `_state.update_lock`."""
         arrays = [v._value for v in self.lifted]
         # One pass in C for the common case: every array held by its variable alone.
         if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
-            arrays = _update.copy_shared(arrays)
-        return arrays
+            return _update.copy_shared(arrays), arrays
+        return arrays, arrays
 
     def trace(self, arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Found:
         """Traces the step for these arguments (JAX keeps the trace for the call that
@@ -235,9 +236,9 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
         # releases (see `Variable.assign`).
         try:
             _acquire()
-            arrays = [v._value for v in lifted]
+            arrays = originals = [v._value for v in lifted]
             if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
-                arrays = _update.copy_shared(arrays)
+                arrays = _update.copy_shared(originals)
             found = traced.found
             try:
                 # As `store`, with the targets bound once.
@@ -248,16 +249,20 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
                 failed = function_ref()._failed_call  # type: ignore[union-attr]
                 raise failed(lifted, arrays, error, dynamic) from error
             result, box.value = box.value, None
+            # What the trace JAX may have made inside this call found (read under the lock:
+            # another thread's call may trace again once it is released).
+            retraced = traced.found
             if first is not None and isinstance(first._value, Tracer):
                 # Called inside jax.jit without traced arguments: traced, nothing donated.
-                _consume(map(_setattr, lifted, attributes, arrays))
+                # (Copies made of shared arrays are tracers too: put back the variables' own.)
+                _consume(map(_setattr, lifted, attributes, originals))
                 raise function_ref()._under_transformation()  # type: ignore[union-attr]
         finally:
             try:
                 _release()
             except RuntimeError:
                 pass  # acquire itself was interrupted while waiting: nothing to release
-        if traced.found is not found and traced.found.needs_retrace:  # type: ignore[union-attr]
+        if retraced is not found and retraced.needs_retrace:  # type: ignore[union-attr]
             # JAX traced again for new shapes, and that trace gave every variable back
             # unchanged: run the call again on an entry lifting what it found.
             return _run(function_ref, key, dynamic)

@@ -486,7 +486,9 @@ class Optimizer:
         return f"<statevar.Optimizer {self._name!r}: {built}, {count} state variables>"
 
 
-_shape_of = operator.attrgetter("shape")
+# A jax.Array's shape through its abstract value, in C (``Array.shape`` is a Python
+# property); a gradient without one (a NumPy array) takes the general path of `apply`.
+_shape_of = operator.attrgetter("aval.shape")
 
 
 def _state_placements(

@@ -3,6 +3,7 @@
 import copy
 import functools
 import gc
+import threading
 import types
 import weakref
 
@@ -828,3 +829,73 @@ def test_a_warm_step_called_with_new_shapes_keeps_updating():
     add(jnp.ones(5))
     add(jnp.ones(3))
     assert float(total) == 19.0
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_step_called_inside_jax_jit_keeps_variables_read_earlier_intact(warm):
+    v = statevar.Variable(1.0)
+
+    @statevar.jit
+    def increment():
+        v.assign_add(1.0)
+
+    if warm:
+        increment()
+    kept = v.value  # an earlier read: the step copies the array instead of donating it
+    with pytest.raises(statevar.TraceContextError, match="'increment' inside jax.jit"):
+        jax.jit(lambda: increment())()
+    assert float(v) == float(kept) == (2.0 if warm else 1.0)
+    increment()
+    assert float(v) == float(kept) + 1.0
+
+
+def test_a_warm_step_is_not_run_again_when_another_thread_traces_it_meanwhile(monkeypatch):
+    # Another thread's call with new shapes traces again, finding a variable to lift, right
+    # after this thread's call released the lock: this call ran once and is done.
+    count = statevar.Variable(0.0)
+    hidden = statevar.Variable(0.0)
+    reachable: dict = {}
+
+    @statevar.jit
+    def step(x):
+        count.assign_add(1.0)
+        if x.shape[0] == 3:
+            reachable["hidden"].assign_add(1.0)  # reached only while tracing
+        return x
+
+    step(jnp.ones(2))
+    step(jnp.ones(2))
+    reachable["hidden"] = hidden
+    release = statevar._jit_cache._release
+    other = threading.Thread(target=lambda: step(jnp.ones(3)))
+
+    def release_then_let_the_other_thread_run():
+        release()
+        if threading.current_thread() is threading.main_thread() and not other.is_alive():
+            if other.ident is None:
+                other.start()
+                other.join()
+
+    monkeypatch.setattr(statevar._jit_cache, "_release", release_then_let_the_other_thread_run)
+    step(jnp.ones(2))
+    monkeypatch.undo()
+    assert float(count) == 4.0 and float(hidden) == 1.0
+
+
+def test_a_freed_compiled_function_frees_its_closure_variables_at_once():
+    def make():
+        v = statevar.Variable(jnp.ones(1000))
+
+        @statevar.jit
+        def add(x):
+            v.assign_add(x)
+
+        add(1.0)
+        return weakref.ref(v), weakref.ref(add.jit_function)
+
+    gc.disable()  # by reference counting alone: finding the closure makes no cycle
+    try:
+        variable, function = make()
+        assert function() is None and variable() is None
+    finally:
+        gc.enable()
