@@ -38,6 +38,7 @@ class Split(NamedTuple):
     fixed: list[tuple[int, Any]]  # every other leaf, by position: Variables, Modules, static
     structures: list[Structure]  # how each Module argument's variables were found
     indexable: bool  # every argument an array, a Variable or a Module (see `Cache.index`)
+    identity: Any  # the key without the ids of the Modules' variables (see `Cache.track`)
 
 
 def split_call(
@@ -55,6 +56,7 @@ def split_call(
     """
     leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_state)
     key_parts: list[Any] = [treedef]
+    identity_parts: list[Any] = [treedef]
     dynamic, variables, fixed, structures = [], [], [], []
     flat = True  # no static argument among the leaves
     for position, leaf in enumerate(leaves):
@@ -67,13 +69,16 @@ def split_call(
         if isinstance(leaf, Variable):
             variables.append(leaf)
             key_parts.append((position, id(leaf)))
+            identity_parts.append(key_parts[-1])
         elif isinstance(leaf, Node):
             module_variables, structure = variables_and_structure(leaf)
             structures.append(structure)
             variables.extend(module_variables)
             key_parts.append((position, id(leaf), tuple(map(id, module_variables))))
+            identity_parts.append((position, id(leaf)))
         else:
             key_parts.append((position, _static_key(leaf, name)))
+            identity_parts.append(key_parts[-1])
             flat = False
         fixed.append((position, leaf))
     if not fixed and not kwargs and all(isinstance(a, _ARRAY_TYPES) for a in args):
@@ -87,7 +92,8 @@ def split_call(
         and len(leaves) == len(args)
         and all(map(operator.is_, leaves, args))
     )
-    return Split(key, treedef, tuple(dynamic), variables, fixed, structures, indexable)
+    identity = tuple(identity_parts) if structures else None
+    return Split(key, treedef, tuple(dynamic), variables, fixed, structures, indexable, identity)
 
 
 class JitFunction:
@@ -175,6 +181,8 @@ class JitFunction:
             entry = self._compile((split.treedef, held, split.variables), (), ())
             modules = [leaf for _, leaf in split.fixed if isinstance(leaf, Node)]
             self._cache.add(split.key, entry, modules)
+        if split.identity is not None:
+            self._cache.track(split.identity, split.key)
         if split.indexable and not self._has_static:
             state = tuple(position for position, _ in split.fixed)
             self._cache.index(args, state, split.key, split.structures)

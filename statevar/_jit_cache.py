@@ -295,7 +295,15 @@ class Cache:
     """Every entry of one compiled function, by key, and the fast indexes into them (see
     the module's docstring for the invariants)."""
 
-    __slots__ = ("entries", "plans", "by_state", "state_keys", "__weakref__")
+    __slots__ = (
+        "entries",
+        "plans",
+        "by_state",
+        "state_keys",
+        "latest",
+        "identities",
+        "__weakref__",
+    )
 
     def __init__(self) -> None:
         self.entries: dict[Any, Entry] = {}
@@ -306,6 +314,10 @@ class Cache:
         self.plans: dict[tuple[type, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.by_state: dict[tuple, tuple[Any, list[Structure]]] = {}
         self.state_keys: dict[Any, set[tuple]] = {}
+        # For calls with Modules: by the call's key without the ids of the Modules'
+        # variables, the key of its latest entry (see `track`).
+        self.latest: dict[Any, Any] = {}
+        self.identities: dict[Any, Any] = {}  # the reverse of ``latest``
 
     def add(self, key: Any, entry: Entry, modules: list[Node]) -> None:
         """Stores a new entry; ``modules`` are the Modules in its key, held weakly."""
@@ -326,6 +338,16 @@ class Cache:
         self.state_keys.setdefault(key, set()).add(state_key)
         if previous is not None and previous[0] != key:
             self._drop_replaced(previous[0], state_key)
+
+    def track(self, identity: Any, key: Any) -> None:
+        """Drops the entry a call with the same arguments but other variables in its
+        Modules made before (one was replaced): it would keep the old variables and their
+        buffers alive, and no call reaches it any more but by putting them back."""
+        previous = self.latest.get(identity)
+        if previous != key:
+            if previous is not None:
+                self.forget(previous)
+            self.latest[identity], self.identities[key] = key, identity
 
     def find(self, types: tuple[type, ...], args: tuple) -> tuple[Any, Entry, tuple] | None:
         """The key, entry and array arguments of a call (its arguments ``args``, of types
@@ -352,12 +374,16 @@ class Cache:
                 self.entries.pop(key, None)
 
     def forget(self, key: Any) -> None:
-        """Drops the entry under ``key`` and its indexes: a Module in the key was freed."""
+        """Drops the entry under ``key`` and its indexes: a Module in the key was freed, or
+        the entry was replaced (see `track` and `index`)."""
         # No iteration over shared dicts: this runs from a finalizer, possibly in the middle
         # of another call that changes them.
         self.entries.pop(key, None)
         for state_key in self.state_keys.pop(key, ()):
             self.by_state.pop(state_key, None)
+        identity = self.identities.pop(key, None)
+        if identity is not None and self.latest.get(identity) == key:
+            del self.latest[identity]
 
 
 def _forget(cache_ref: weakref.ref, key: Any) -> None:

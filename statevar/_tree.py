@@ -85,26 +85,28 @@ def walk(
         (one attribute being set, say).
       paths: whether to build each item's path (``"layers/0/kernel"``); without, every path
         is ``""`` (faster).
-      containers: if given, gets ``(container, its attribute dict for a Node, the values
-        walked)`` for each Node, list, tuple and dict looked into. The values are a
-        snapshot taken before walking them, so the record matches the walk even if another
-        thread changes the container meanwhile.
+      containers: if given, gets ``(container, whether it is a Node, the values walked,
+        the index of its parent's record or -1, its position among the parent's values)``
+        for each Node, list, tuple and dict looked into, in the order looked into. The
+        values are a snapshot taken before walking them, so the record matches the walk
+        even if another thread changes the container meanwhile.
 
     Returns:
       ``(path, item)`` pairs in the order found, and whether the walk came back to
       ``root`` (a back-reference from below).
     """
-    namespace = vars(root) if items is None else None
     if items is None:
-        items = tuple(namespace.items())  # type: ignore[union-attr]
+        items = tuple(vars(root).items())
     seen: set[int] = {id(root)}
     found: list[tuple[str, Variable | Node]] = []
     reached_root = False
-    # Iterators over the containers being walked, innermost last: resuming the one on top
-    # continues where it was left to look into a child.
-    stack = [_entries(root, namespace, items, "", paths, containers)]
+    # The containers being walked, innermost last: (an iterator over its numbered values,
+    # the index of its record). Resuming the one on top continues where it was left to look
+    # into a child.
+    stack = [_entries(root, True, items, "", paths, containers, -1, 0)]
     while stack:
-        for path, obj in stack[-1]:
+        values, record = stack[-1]
+        for position, (path, obj) in values:
             # A view (a snapshot of a value) is none of these: not one of the tree's variables.
             if isinstance(obj, Variable):
                 if id(obj) not in seen:
@@ -116,15 +118,19 @@ def walk(
                 elif id(obj) not in seen:
                     seen.add(id(obj))
                     found.append((path, obj))
-                    attributes = vars(obj)
+                    child = tuple(vars(obj).items())
                     prefix = path + "/" if paths else ""
-                    child = tuple(attributes.items())
-                    stack.append(_entries(obj, attributes, child, prefix, paths, containers))
+                    stack.append(
+                        _entries(obj, True, child, prefix, paths, containers, record, position)
+                    )
                     break
             elif isinstance(obj, CONTAINERS) and id(obj) not in seen:
                 seen.add(id(obj))  # once each: a container may hold itself
                 child = tuple(obj.items() if isinstance(obj, dict) else enumerate(obj))
-                stack.append(_entries(obj, None, child, path + "/", paths, containers))
+                prefix = path + "/"
+                stack.append(
+                    _entries(obj, False, child, prefix, paths, containers, record, position)
+                )
                 break
         else:
             stack.pop()
@@ -133,18 +139,24 @@ def walk(
 
 def _entries(
     container: Any,
-    namespace: Any,
+    is_node: bool,
     entries: tuple,
     prefix: str,
     paths: bool,
     containers: list[Any] | None,
-) -> Iterator[tuple[str, Any]]:
-    """Records ``container`` (see `walk`) and returns an iterator of its ``(path, value)``."""
+    parent: int,
+    position: int,
+) -> tuple[Iterator[tuple[int, tuple[str, Any]]], int]:
+    """Records ``container`` (see `walk`); returns an iterator of its numbered
+    ``(path, value)`` pairs and the index of its record (-1 when not recording)."""
+    record = -1
     if containers is not None:
-        containers.append((container, namespace, tuple(item for _, item in entries)))
+        record = len(containers)
+        values = tuple(item for _, item in entries)
+        containers.append((container, is_node, values, parent, position))
     if paths:
-        return ((f"{prefix}{key}", item) for key, item in entries)
-    return (("", item) for _, item in entries)
+        return enumerate((f"{prefix}{key}", item) for key, item in entries), record
+    return enumerate(("", item) for _, item in entries), record
 
 
 def named_variables(node: Node) -> dict[str, Variable]:
@@ -309,39 +321,64 @@ def target_error(obj: Any, what: str, where: str) -> TypeError:
 
 
 class Structure:
-    """The containers a Node's variables were found through, and what each held.
+    """How a Node's variables were found: what each container looked into held.
 
-    `unchanged` tells, in one pass over those containers, whether walking the Node again
-    would find the same variables in the same order: `statevar.jit` checks it instead of
-    walking a Module argument on every call.
+    `unchanged` tells, without walking the Node again, whether a walk would find the same
+    variables in the same order: `statevar.jit` checks it instead of walking a Module
+    argument on every call. It compares, container by container from the Node down, the
+    ids and types of the values each holds now with those it held, and holds none of them:
+    a Module is freed when nothing else holds it, even if something below refers back to
+    it. An id can be taken again only by an object of another type (caught by the types),
+    a Node (caught by the weak reference its record holds), a container (whose values are
+    compared in turn) or an object the walk does not look at; the variables themselves are
+    held by the compiled entry the structure leads to.
     """
 
-    __slots__ = ("_records",)
+    __slots__ = ("_root",)
 
-    def __init__(self, containers: list[tuple[Any, Any, tuple]]):
-        """``containers``: what `walk` recorded."""
-        records = []
-        for container, namespace, held in containers:
-            owner = None
-            if namespace is not None:
-                # A Node is checked through its attribute dict, which could be replaced
-                # wholesale; the weak reference lets the Node be freed.
-                owner, live = weakref.ref(container), namespace.values()
-            else:
-                live = container.values() if isinstance(container, dict) else container
-            # Each record keeps the objects whose ids it compares (the values walked), so
-            # that no new object can take one of those ids while the record exists.
-            records.append((owner, namespace, live, tuple(map(id, held)), held))
-        self._records = records
+    def __init__(self, containers: list[tuple[Any, bool, tuple, int, int]]):
+        """``containers``: what `walk` recorded, the Node walked first."""
+        records: list[_Record] = []
+        for container, is_node, values, parent, position in containers:
+            record = _Record(container, is_node, values)
+            records.append(record)
+            if parent >= 0:
+                records[parent].children.append((position, record))
+        self._root = records[0]
 
     def unchanged(self) -> bool:
         """Whether every container still holds the same objects, in the same order."""
-        for owner, namespace, live, ids, _ in self._records:
-            if owner is not None and getattr(owner(), "__dict__", None) is not namespace:
-                return False
-            if tuple(map(id, live)) != ids:
-                return False
-        return True
+        root = self._root.owner() if self._root.owner is not None else None
+        return root is not None and _matches(self._root, root)
+
+
+class _Record:
+    """One container of a `Structure`: the ids and types of the values it held, the records
+    of the containers among them it was looked into through (by position), and a weak
+    reference to it if it is a Node."""
+
+    __slots__ = ("owner", "ids", "types", "children")
+
+    def __init__(self, container: Any, is_node: bool, values: tuple):
+        self.owner = weakref.ref(container) if is_node else None
+        self.ids = tuple(map(id, values))
+        self.types = tuple(map(type, values))
+        self.children: list[tuple[int, _Record]] = []
+
+
+def _matches(record: _Record, container: Any) -> bool:
+    """Whether ``container`` holds what ``record`` says it held, and so on below it."""
+    if record.owner is not None:
+        if record.owner() is not container:
+            return False  # another Node, perhaps at the address of a freed one
+        values = tuple(vars(container).values())
+    elif isinstance(container, dict):
+        values = tuple(container.values())
+    else:
+        values = tuple(container)
+    if tuple(map(id, values)) != record.ids or tuple(map(type, values)) != record.types:
+        return False
+    return all(_matches(child, values[position]) for position, child in record.children)
 
 
 def variables_and_structure(node: Node) -> tuple[tuple[Variable, ...], Structure]:

@@ -899,3 +899,52 @@ def test_a_freed_compiled_function_frees_its_closure_variables_at_once():
         assert function() is None and variable() is None
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("refers_back", ["child holds its parent", "a bound method"])
+def test_a_module_that_refers_back_to_itself_is_freed_after_a_compiled_step(refers_back):
+    class Child(statevar.Module):
+        def __init__(self):
+            self.w = statevar.Variable(jnp.zeros(4))
+
+    class Model(statevar.Module):
+        def __init__(self):
+            self.child = Child()
+            if refers_back == "child holds its parent":
+                self.child.parent = self
+            else:
+                self.activation = self.relu
+
+        def relu(self, x):
+            return jax.nn.relu(x)
+
+    @statevar.jit
+    def step(model, x):
+        model.child.w.assign_add(x)
+
+    model = Model()
+    step(model, 1.0)
+    step(model, 1.0)  # the fast path, through the structure of the Module
+    freed = weakref.ref(model)
+    variable = weakref.ref(model.child.w)
+    del model
+    gc.collect()  # the Module refers back to itself: only the collector frees that cycle
+    assert freed() is None and variable() is None
+    assert step.jit_function._cache.entries == {}
+
+
+def test_replacing_a_module_variable_drops_the_old_entry_for_calls_with_keywords():
+    @statevar.jit
+    def bump(model, *, x):
+        model.first.w.assign_add(x)
+
+    net = _Net()
+    replaced = []
+    for _ in range(3):
+        bump(net, x=1.0)
+        replaced.append(weakref.ref(net.first.w))
+        net.first.w = statevar.Variable(10.0)
+    bump(net, x=1.0)
+    # One entry, for the variables the Module holds now; the replaced ones are freed.
+    assert len(bump.jit_function._cache.entries) == 1 and float(net.first.w) == 11.0
+    assert [ref() for ref in replaced] == [None, None, None]
