@@ -242,6 +242,7 @@ class JitFunction:
                     store(entry, box, arrays, dynamic)
             except Exception as error:
                 raise self._failed_call(entry.lifted, arrays, error, dynamic) from error
+            retraced = entry.last_found  # JAX traced again rather than reuse the trace
             if entry.lifted and isinstance(entry.lifted[0]._value, Tracer):
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer; so are
@@ -249,6 +250,9 @@ class JitFunction:
                 for variable, array in zip(entry.lifted, originals, strict=True):
                     variable._replace_array(array)
                 raise self._under_transformation()
+        if retraced is not found and retraced is not None and retraced.needs_retrace:
+            # That trace found more to lift, and gave every variable back unchanged.
+            return self._run(key, entry, dynamic)
         entry.call = warm_call(self, key, entry)
         return box.value
 
