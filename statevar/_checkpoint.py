@@ -1,4 +1,4 @@
-"""Checkpoints: `save` and `restore` named variables, and a step-numbered `CheckpointManager`.
+"""Checkpoints: one-shot `save` and `restore` of named variables (`_manager` numbers them).
 
 orbax-checkpoint stores the arrays (``directory/data-<hex>/`` for `save`,
 ``directory/<step>/state/`` for `CheckpointManager`). Beside them statevar writes
