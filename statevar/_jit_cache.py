@@ -13,6 +13,9 @@ without flattening its arguments. Its invariants:
   drops the entries keyed on it and their fast-path indexes, before its id can be reused.
 - ``by_state[state_key] = (key, structures)`` only while ``entries[key]`` exists, and
   ``state_keys[key]`` holds every state key pointing at ``key``.
+- For calls with Modules, ``latest[identity]`` is the key of the one entry kept for the
+  same arguments whatever variables their Modules hold (`track`): replacing a Module's
+  variable drops the entry that lifted the old one.
 - Nothing here refers back to the `JitFunction` but weakly, and no entry refers to itself:
   an entry and what it lifts are freed as soon as the cache lets go of them.
 """
@@ -329,15 +332,15 @@ class Cache:
         self, args: tuple, state: tuple[int, ...], key: Any, structures: list[Structure]
     ) -> None:
         """Lets later calls with the same argument types, Variables and Modules (at the
-        positions ``state``) find the entry under ``key`` without flattening or walking."""
+        positions ``state``) find the entry under ``key`` without flattening or walking.
+
+        A call that found another key for the same state (a Module's variable was
+        replaced) has had `track` drop that key's entry and indexes first."""
         types = tuple(map(type, args))
         self.plans[types] = (state, tuple(i for i in range(len(args)) if i not in state))
         state_key = (types, tuple(map(id, map(args.__getitem__, state))))
-        previous = self.by_state.get(state_key)
         self.by_state[state_key] = (key, structures)
         self.state_keys.setdefault(key, set()).add(state_key)
-        if previous is not None and previous[0] != key:
-            self._drop_replaced(previous[0], state_key)
 
     def track(self, identity: Any, key: Any) -> None:
         """Drops the entry a call with the same arguments but other variables in its
@@ -361,17 +364,6 @@ class Cache:
             return None
         key = indexed[0]
         return key, self.entries[key], tuple(map(args.__getitem__, arrays))
-
-    def _drop_replaced(self, key: Any, state_key: tuple) -> None:
-        """Drops the entry under ``key`` once no call reaches it through ``by_state``: the
-        same arguments now hold other variables (one was replaced in a Module), and the
-        old entry would keep the old variables and their buffers alive."""
-        state_keys = self.state_keys.get(key)
-        if state_keys is not None:
-            state_keys.discard(state_key)
-            if not state_keys:
-                del self.state_keys[key]
-                self.entries.pop(key, None)
 
     def forget(self, key: Any) -> None:
         """Drops the entry under ``key`` and its indexes: a Module in the key was freed, or
