@@ -305,6 +305,7 @@ class Cache:
         "state_keys",
         "latest",
         "identities",
+        "finalizers",
         "__weakref__",
     )
 
@@ -321,12 +322,16 @@ class Cache:
         # variables, the key of its latest entry (see `track`).
         self.latest: dict[Any, Any] = {}
         self.identities: dict[Any, Any] = {}  # the reverse of ``latest``
+        # The finalizers of the Modules in each key (see `add`), detached when it is dropped.
+        self.finalizers: dict[Any, list[weakref.finalize]] = {}
 
     def add(self, key: Any, entry: Entry, modules: list[Node]) -> None:
         """Stores a new entry; ``modules`` are the Modules in its key, held weakly."""
         self.entries[key] = entry
-        for module in modules:
-            weakref.finalize(module, _forget, weakref.ref(self), key)
+        if modules:
+            self.finalizers[key] = [
+                weakref.finalize(module, _forget, weakref.ref(self), key) for module in modules
+            ]
 
     def index(
         self, args: tuple, state: tuple[int, ...], key: Any, structures: list[Structure]
@@ -376,6 +381,8 @@ class Cache:
         identity = self.identities.pop(key, None)
         if identity is not None and self.latest.get(identity) == key:
             del self.latest[identity]
+        for finalizer in self.finalizers.pop(key, ()):
+            finalizer.detach()  # a no-op for the one running now
 
 
 def _forget(cache_ref: weakref.ref, key: Any) -> None:

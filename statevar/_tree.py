@@ -367,18 +367,23 @@ class _Record:
 
 
 def _matches(record: _Record, container: Any) -> bool:
-    """Whether ``container`` holds what ``record`` says it held, and so on below it."""
-    if record.owner is not None:
-        if record.owner() is not container:
-            return False  # another Node, perhaps at the address of a freed one
-        values = tuple(vars(container).values())
-    elif isinstance(container, dict):
-        values = tuple(container.values())
-    else:
-        values = tuple(container)
-    if tuple(map(id, values)) != record.ids or tuple(map(type, values)) != record.types:
-        return False
-    return all(_matches(child, values[position]) for position, child in record.children)
+    """Whether ``container`` holds what ``record`` says it held, and so on below it (an
+    explicit stack, not recursion: a tree may be deeper than Python's recursion limit)."""
+    pending = [(record, container)]
+    while pending:
+        record, container = pending.pop()
+        if record.owner is not None:
+            if record.owner() is not container:
+                return False  # another Node, perhaps at the address of a freed one
+            values = tuple(vars(container).values())
+        elif isinstance(container, dict):
+            values = tuple(container.values())
+        else:
+            values = tuple(container)
+        if tuple(map(id, values)) != record.ids or tuple(map(type, values)) != record.types:
+            return False
+        pending += [(child, values[position]) for position, child in record.children]
+    return True
 
 
 def variables_and_structure(node: Node) -> tuple[tuple[Variable, ...], Structure]:

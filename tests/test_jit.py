@@ -3,6 +3,7 @@
 import copy
 import functools
 import gc
+import sys
 import threading
 import types
 import weakref
@@ -948,3 +949,22 @@ def test_replacing_a_module_variable_drops_the_old_entry_for_calls_with_keywords
     # One entry, for the variables the Module holds now; the replaced ones are freed.
     assert len(bump.jit_function._cache.entries) == 1 and float(net.first.w) == 11.0
     assert [ref() for ref in replaced] == [None, None, None]
+
+
+def test_a_module_nested_deeper_than_the_recursion_limit_takes_the_fast_path():
+    class Model(statevar.Module):
+        def __init__(self):
+            self.w = statevar.Variable(1.0)
+            nested: list = [self.w]
+            for _ in range(sys.getrecursionlimit() + 100):
+                nested = [nested]
+            self.nested = nested
+
+    @statevar.jit
+    def step(model, x):
+        model.w.assign_add(x)
+        return model.w.value
+
+    model = Model()
+    step(model, 1.0)
+    assert float(step(model, 1.0)) == 3.0  # the second call checks the structure, unchanged
