@@ -129,14 +129,14 @@ def pure_jax_step(
     return step
 
 
+def mlp_loss(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+    """The MLP's loss in pure JAX, for the hand-written steps."""
+    hidden = jax.nn.relu(x @ params["kernel_1"] + params["bias_1"])
+    return jnp.mean((hidden @ params["kernel_2"] + params["bias_2"] - y) ** 2)
+
+
 def jax_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
-    tx = optax.sgd(LEARNING_RATE)
-
-    def loss_fn(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
-        hidden = jax.nn.relu(x @ params["kernel_1"] + params["bias_1"])
-        return jnp.mean((hidden @ params["kernel_2"] + params["bias_2"] - y) ** 2)
-
-    return pure_jax_step(tx, loss_fn, initial_mlp_params())
+    return pure_jax_step(optax.sgd(LEARNING_RATE), mlp_loss, initial_mlp_params())
 
 
 def nnx_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -236,15 +236,11 @@ def statevar_scan_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
 def jax_scan_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
     tx = optax.sgd(LEARNING_RATE)
 
-    def loss_fn(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
-        hidden = jax.nn.relu(x @ params["kernel_1"] + params["bias_1"])
-        return jnp.mean((hidden @ params["kernel_2"] + params["bias_2"] - y) ** 2)
-
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def pure_steps(params, opt_state, xs, ys):
         def one(carry, batch):
             params, opt_state = carry
-            loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+            loss, grads = jax.value_and_grad(mlp_loss)(params, *batch)
             updates, opt_state = tx.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), loss
 
