@@ -74,6 +74,20 @@ def initial_mlp_params() -> dict[str, jax.Array]:
 # Each factory returns a function running one training step and returning the loss.
 
 
+def statevar_step(
+    loss_and_grads: Callable, optimizer: statevar.Optimizer
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """A compiled statevar training step: the loss's gradients, then the optimizer's update."""
+
+    @statevar.jit
+    def step(x: jax.Array, y: jax.Array) -> jax.Array:
+        loss, grads = loss_and_grads(x, y)
+        optimizer.apply(grads)
+        return loss
+
+    return step
+
+
 def statevar_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
     class Dense(statevar.Module):
         def __init__(self, kernel: jax.Array, bias: jax.Array):
@@ -98,14 +112,7 @@ def statevar_mlp_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
         return jnp.mean((model(x) - y) ** 2)
 
     loss_and_grads = statevar.value_and_grad(loss_fn, model)
-
-    @statevar.jit
-    def step(x: jax.Array, y: jax.Array) -> jax.Array:
-        loss, grads = loss_and_grads(x, y)
-        optimizer.apply(grads)
-        return loss
-
-    return step
+    return statevar_step(loss_and_grads, optimizer)
 
 
 def pure_jax_step(
@@ -336,14 +343,7 @@ def statevar_transformer_step() -> Callable[[jax.Array, jax.Array], jax.Array]:
     loss_and_grads = statevar.value_and_grad(
         lambda x, y: transformer_loss([b.params for b in model.blocks], x, y), model
     )
-
-    @statevar.jit
-    def step(x: jax.Array, y: jax.Array) -> jax.Array:
-        loss, grads = loss_and_grads(x, y)
-        optimizer.apply(grads)
-        return loss
-
-    return step
+    return statevar_step(loss_and_grads, optimizer)
 
 
 def jax_transformer_step() -> Callable[[jax.Array, jax.Array], jax.Array]:

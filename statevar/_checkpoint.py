@@ -46,7 +46,7 @@ from ._matching import match_checkpoint
 from ._module import Module
 from ._optim import legacy_names
 from ._placement import put
-from ._tree import named_targets, target_error
+from ._tree import iter_variables, named_targets, target_error
 from ._variable import Variable
 
 # What a save into a plain directory may leave behind when it is killed: unreferenced data
@@ -372,7 +372,7 @@ def _restore(
         counters = legacy_names()[1]
         left_out = [
             name
-            for name, variable, _ in named_targets(target, "the checkpoint target")
+            for name, variable in iter_variables(target, "the checkpoint target")
             if id(variable) in counters
         ]
     entries = {entry["name"]: entry for entry in manifest["variables"]}

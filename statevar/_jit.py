@@ -17,7 +17,7 @@ from . import _placement, _state, _trace, _variable
 from ._closure import closure_variables
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError
-from ._jit_cache import Box, Cache, Entry, reference, store, warm_call
+from ._jit_cache import Box, Cache, Entry, Found, reference, store, warm_call
 from ._signals import held_signals
 from ._tree import Node, Structure, is_state, variables_and_structure
 from ._typing import Compiled, Params, Result
@@ -162,13 +162,7 @@ class JitFunction:
           PlacementError: if variables and arguments are on different sets of devices.
         """
         key, entry, dynamic = self._prepare(args, kwargs)
-        arrays = [v._value for v in entry.lifted]
-        self._check_devices(entry.lifted, arrays, dynamic)
-        found = entry.trace(arrays, dynamic)
-        while found.needs_retrace:
-            entry = self._retrace(key, entry, found)
-            arrays = [v._value for v in entry.lifted]
-            found = entry.trace(arrays, dynamic)
+        entry, arrays, _, _ = self._trace(key, entry, dynamic, donating=False)
         return entry.jitted.lower(arrays, dynamic)
 
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[Any, Entry, tuple[Any, ...]]:
@@ -199,7 +193,7 @@ class JitFunction:
         lifted = tuple(dict.fromkeys([*arg_variables, *closure, *extra, *refs]))
         return Entry(self._fn, split, lifted, extra, refs, self._jit_kwargs)
 
-    def _retrace(self, key: Any, entry: Entry, found: Any) -> Entry:
+    def _retrace(self, key: Any, entry: Entry, found: Found) -> Entry:
         """Replaces ``entry`` with one lifting what its trace found (see `Found`)."""
         extra = (*entry.extra, *found.unlifted)
         new = self._compile(entry.split, extra, (*entry.refs, *found.wanted_refs))
@@ -222,21 +216,37 @@ class JitFunction:
             return entry.call(dynamic)
         return self._first_call(key, entry, dynamic)
 
+    def _trace(
+        self, key: Any, entry: Entry, dynamic: tuple[Any, ...], *, donating: bool
+    ) -> tuple[Entry, list[jax.Array], list[jax.Array], Found]:
+        """Traces ``entry`` for a call, and again on an entry lifting more while the trace
+        finds variables to lift (see `Found`); checks placements before each trace. Runs
+        nothing, donates nothing.
+
+        Returns:
+          The entry whose trace found nothing more, the arrays it was traced with (ready to
+          donate if ``donating``, see `Entry.arrays`; else the variables' own), the
+          variables' own arrays, and what the trace found.
+        """
+        while True:
+            if donating:
+                arrays, originals = entry.arrays()
+            else:
+                arrays = originals = [v._value for v in entry.lifted]
+            self._check_devices(entry.lifted, arrays, dynamic)
+            found = entry.trace(arrays, dynamic)
+            if not found.needs_retrace:
+                return entry, arrays, originals, found
+            arrays = originals = []  # so that the next entry's arrays are not seen as shared
+            entry = self._retrace(key, entry, found)
+
     def _first_call(self, key: Any, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
         """Traces ``entry`` (again with more variables lifted, while the trace finds
         some), then runs it as the warm call does, holding signal handlers: JAX's first
         call runs Python code after donating."""
         box = Box()
         with _state.update_lock:
-            arrays, originals = entry.arrays()
-            self._check_devices(entry.lifted, arrays, dynamic)  # before anything is donated
-            found = entry.trace(arrays, dynamic)
-            while found.needs_retrace:
-                entry = self._retrace(key, entry, found)
-                arrays = originals = []  # so that the arrays are not seen as shared
-                arrays, originals = entry.arrays()
-                self._check_devices(entry.lifted, arrays, dynamic)
-                found = entry.trace(arrays, dynamic)
+            entry, arrays, originals, found = self._trace(key, entry, dynamic, donating=True)
             try:
                 with held_signals():
                     store(entry, box, arrays, dynamic)

@@ -234,7 +234,7 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
 
     def call(dynamic: tuple[Any, ...]) -> Any:
         if _compile_epoch[0] != epoch:
-            return _run(function_ref, key, dynamic)
+            return _hand_back(function_ref, key, dynamic)
         # Acquired inside the try, so that an exception landing right after acquiring still
         # releases (see `Variable.assign`).
         try:
@@ -268,13 +268,14 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
         if retraced is not found and retraced.needs_retrace:  # type: ignore[union-attr]
             # JAX traced again for new shapes, and that trace gave every variable back
             # unchanged: run the call again on an entry lifting what it found.
-            return _run(function_ref, key, dynamic)
+            return _hand_back(function_ref, key, dynamic)
         return result
 
     return call
 
 
-def _run(function_ref: weakref.ref[JitFunction], key: Any, dynamic: tuple[Any, ...]) -> Any:
+def _hand_back(function_ref: weakref.ref[JitFunction], key: Any, dynamic: tuple[Any, ...]) -> Any:
+    """Runs a call through the function's general `JitFunction._run`."""
     function = function_ref()
     assert function is not None  # it holds the cache that holds the calling entry
     return function._run(key, function._cache.entries[key], dynamic)

@@ -20,7 +20,7 @@ from ._jit import jit
 from ._optimizer_state import legacy_order, state_layout, state_names, unique
 from ._placement import is_multi_device, replicated
 from ._state import live_optimizers
-from ._tree import is_differentiable, is_variable, named_targets, not_a_variable, variable_tree
+from ._tree import is_differentiable, is_variable, iter_variables, not_a_variable, variable_tree
 from ._variable import Variable
 
 _LEARNING_RATE = "learning_rate"
@@ -167,7 +167,7 @@ class Optimizer:
         self._leaves = tuple(leaves)
         self._params = tuple(dict.fromkeys(v for v in leaves if is_differentiable(v)))
         first_name: dict[Variable, str] = {}
-        for name, variable, _ in named_targets(variables, "the Optimizer's variables"):
+        for name, variable in iter_variables(variables, "the Optimizer's variables"):
             first_name.setdefault(variable, name)
         self._param_names = tuple(unique([first_name[v] for v in self._params]))
         values = [v.value for v in self._params]

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from . import _on_read, _placement
-from ._tree import named_targets
+from ._tree import iter_variables
 from ._variable import Variable
 
 
@@ -69,7 +69,7 @@ def reshard(
     elif not isinstance(mesh, jax.sharding.Mesh):
         raise TypeError(f"Expected mesh= to be a jax.sharding.Mesh, got {type(mesh).__name__}")
     planned: dict[str, tuple[Variable, jax.sharding.Sharding]] = {}
-    for name, variable, _ in named_targets(target, "the target of statevar.reshard"):
+    for name, variable in iter_variables(target, "the target of statevar.reshard"):
         if name in planned:
             continue
         _, spec = _placement.rule_spec(compiled, name)
