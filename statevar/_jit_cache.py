@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
 _consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
 _flatten = itertools.chain.from_iterable
+_starmap = itertools.starmap
 _setattr = setattr
 _acquire, _release = _state.update_lock.acquire, _state.update_lock.release
 _compile_epoch = _state.compile_epoch  # a one-item list, changed in place
@@ -208,7 +209,7 @@ def store(entry: Entry, box: Box, arrays: list[jax.Array], dynamic: tuple) -> No
             _setattr,
             itertools.chain(entry.lifted, (box,)),
             itertools.chain(itertools.repeat(_ARRAY_ATTRIBUTE, len(entry.lifted)), ("value",)),
-            _flatten(map(entry.jitted, (arrays,), (dynamic,))),
+            _flatten(_starmap(entry.jitted, ((arrays, dynamic),))),
         )
     )
 
@@ -246,7 +247,7 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
             try:
                 # As `store`, with the targets bound once.
                 _consume(
-                    map(_setattr, targets, attributes, _flatten(map(jitted, (arrays,), (dynamic,))))
+                    map(_setattr, targets, attributes, _flatten(_starmap(jitted, ((arrays, dynamic),))))
                 )
             except Exception as error:
                 failed = function_ref()._failed_call  # type: ignore[union-attr]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Callable
 from typing import Any, TypeGuard
@@ -29,6 +30,7 @@ from ._view import Readable, read_operand, traced_update_error, unwrap_index
 # jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
 _SOLE_HOLDER, _getrefcount = _update.SOLE_HOLDER, sys.getrefcount
+_starmap = itertools.starmap
 _update_lock = _state.update_lock
 _acquire, _release = _update_lock.acquire, _update_lock.release
 _placement_settings = _state.placement_settings
@@ -280,7 +282,9 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
         if (
             type(value) is type(current)
             and name in self._compiled
-            and value.aval == current.aval  # type: ignore[union-attr]
+            # JAX interns abstract values: equal ones are one object (any other equal
+            # pair takes the general path, which compares them)
+            and value.aval is current.aval  # type: ignore[union-attr]
             and not value._committed  # type: ignore[union-attr]
             and not _state.open_trace_frames
         ):
@@ -295,8 +299,9 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                     # The iterator that the unpacking assignment consumes makes the call:
                     # Python checks for signals at calls and loops, not between unpacking
                     # and storing, so no exception can land between the donation and the
-                    # store of its result.
-                    (self._value,) = map(kernel, (old,), (value,))
+                    # store of its result. (`starmap` over one argument tuple costs less
+                    # than `map` over two.)
+                    (self._value,) = _starmap(kernel, ((old, value),))
                 except (RuntimeError, ValueError):
                     return self._failed_update(operation, value, old)
                 if type(self._value) is not type(old):
@@ -710,7 +715,7 @@ class Variable(RefusedInPlace, Readable):
                     with held_signals():
                         self._value = kernel(old, *operands)
                 else:
-                    (self._value,) = map(kernel, (old,), *zip(operands))
+                    (self._value,) = _starmap(kernel, ((old, *operands),))
             except (RuntimeError, ValueError):
                 self._failed_update(operation, value, old)
                 return
