@@ -131,7 +131,7 @@ class Entry:
         call turns out to be traced. Call it under `_state.update_lock`."""
         arrays = [v._value for v in self.lifted]
         # One pass in C for the common case: every array held by its variable alone.
-        if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
+        if sum(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP * len(arrays):
             return _update.copy_shared(arrays), arrays
         return arrays, arrays
 
@@ -232,6 +232,7 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
     targets = (*lifted, box)
     attributes = (_ARRAY_ATTRIBUTE,) * len(lifted) + ("value",)
     first = lifted[0] if lifted else None
+    unshared = _SOLE_HOLDER_IN_MAP * len(lifted)  # the sum of the counts when nothing is shared
 
     def call(dynamic: tuple[Any, ...]) -> Any:
         if _compile_epoch[0] != epoch:
@@ -241,7 +242,7 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
         try:
             _acquire()
             arrays = originals = [v._value for v in lifted]
-            if arrays and max(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP:
+            if sum(map(_getrefcount, arrays)) > unshared:
                 arrays = _update.copy_shared(originals)
             found = traced.found
             try:

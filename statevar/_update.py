@@ -208,12 +208,12 @@ def _calibrate_list() -> tuple[int, int]:
     probe = _Probe()
     probe._value = object()
     arrays = [probe._value]
-    return max(map(sys.getrefcount, arrays)), [sys.getrefcount(a) for a in arrays][0]
+    return sum(map(sys.getrefcount, arrays)), [sys.getrefcount(a) for a in arrays][0]
 
 
 # Reference count of an array held only by a variable's ``_value`` attribute: as seen by
-# ``sys.getrefcount(var._value)``; by ``max(map(sys.getrefcount, arrays))`` over a list of
-# such arrays; and inside `copy_shared` below.
+# ``sys.getrefcount(var._value)``; by each step of ``sum(map(sys.getrefcount, arrays))``
+# over a list of such arrays; and inside `copy_shared` below.
 SOLE_HOLDER = _calibrate_single()
 SOLE_HOLDER_IN_MAP, _SOLE_HOLDER_IN_LOOP = _calibrate_list()
 
@@ -223,8 +223,10 @@ def copy_shared(arrays: list[jax.Array]) -> list[jax.Array]:
 
     ``arrays`` must hold each variable's ``_value`` and nothing more, so that the result can
     be donated: the copies are donated in place of the shared arrays, which stay valid.
-    Callers first check ``max(map(sys.getrefcount, arrays)) > SOLE_HOLDER_IN_MAP``, which
-    is true when any array is shared.
+    Callers first check ``sum(map(sys.getrefcount, arrays)) > SOLE_HOLDER_IN_MAP *
+    len(arrays)``, which is true when any array is shared: every array counts at least
+    ``SOLE_HOLDER_IN_MAP`` there (`sum` rather than `max`, which parses keywords on every
+    call).
     """
     return [a if sys.getrefcount(a) <= _SOLE_HOLDER_IN_LOOP else copy_array(a) for a in arrays]
 
