@@ -134,44 +134,6 @@ def check_device_range(value: jax.Array, dtype: np.dtype, action: str, described
         )
 
 
-def check_initial_conversion(initial_value: Any, dtype: np.dtype, label: str) -> None:
-    """Refuses an explicit ``dtype=`` that ``initial_value`` does not convert to safely,
-    by the rules `Variable.assign` applies.
-
-    Args:
-      initial_value: the value a Variable is created from.
-      dtype: the dtype asked for.
-      label: the variable's name, for messages.
-
-    Raises:
-      DtypeMismatchError: if the conversion would lose information.
-    """
-    source = PYTHON_SCALARS.get(type(initial_value))
-    if source is None:
-        source_dtype = getattr(initial_value, "dtype", None)
-        if source_dtype is None:
-            source_dtype = np.asarray(initial_value).dtype
-        source = family(np.dtype(source_dtype))
-    target = family(dtype)
-    if source is not None and target is not None and not converts_safely(source, target):
-        raise DtypeMismatchError(
-            f"Cannot create Variable '{label}' with dtype {dtype} from "
-            f"{short_repr(initial_value)}: {FAMILY_NAMES[source]} values cannot be converted "
-            f"safely to {dtype} ({FAMILY_NAMES[source]} into {FAMILY_NAMES[target]})"
-        )
-    if source == INT and target == INT and is_concrete_array(initial_value):
-        check_device_range(
-            initial_value, dtype, f"Cannot create Variable '{label}'", initial_value.dtype
-        )
-    elif source == INT and target == INT:
-        host = initial_value if isinstance(initial_value, int) else np.asarray(initial_value)
-        if convert_host_integers(host, dtype) is None:
-            raise DtypeMismatchError(
-                f"Cannot create Variable '{label}': {short_repr(initial_value)} is out of range "
-                f"for dtype {dtype}"
-            )
-
-
 def check_not_deleted(value: Any, action: str, what: str = "value") -> None:
     """Refuses a value that is a deleted array (donated to a jitted function, or deleted).
 
@@ -236,16 +198,93 @@ def convert_for_update(
     """
     if target_shape is None and _enters_as_it_is(value, current.dtype):
         return value  # the common assign_add(1.0): a hot path
-    action, dtype = f"Cannot {operation.phrase} Variable '{name}'", current.dtype
+    action = f"Cannot {operation.phrase} Variable '{name}'"
+    expected = current.shape if target_shape is None else target_shape
+    what = "variable" if target_shape is None else "indexed part"
+    value, shape = convert(value, current.dtype, action, expected, what)
+    return _place(value, shape, current)
+
+
+def convert(
+    value: Any,
+    dtype: np.dtype,
+    action: str,
+    expected_shape: tuple[int, ...] | None = None,
+    what: str = "variable",
+) -> tuple[Any, tuple[int, ...]]:
+    """The rules every value entering a variable follows, at creation and on every update:
+    classify the value, check its dtype family, its integer range and (given
+    ``expected_shape``) its shape. Returns the value, host integers converted to ``dtype``
+    exactly, and its shape.
+
+    Args:
+      value: the value; callers read a Variable into its array first.
+      dtype: the variable's dtype.
+      action: what was attempted, for messages (``"Cannot assign to Variable 'w'"``).
+      expected_shape: the shape the value must broadcast to (``what``'s); None: any.
+      what: what ``expected_shape`` is the shape of, for messages.
+
+    Raises:
+      DtypeMismatchError: if the value is not numeric, or the conversion would lose
+        information (a float into int32, 300 into int8).
+      ShapeMismatchError: if the value does not broadcast to ``expected_shape``.
+      TraceContextError: if the value is a tracer outside `statevar.jit` and `statevar.grad`.
+      ValueError: if the value is an array that has been deleted.
+    """
     check_not_deleted(value, action)
     source = _classify(value, action, dtype)
     _check_family(source, dtype, action)
-    value = _fit_integers(source, dtype, action)
-    expected = current.shape if target_shape is None else target_shape
-    _check_shape(
-        source.shape, expected, action, "variable" if target_shape is None else "indexed part"
-    )
-    return _place(value, source.shape, current)
+    converted = _fit_integers(source, dtype, action)
+    if expected_shape is not None:
+        _check_shape(source.shape, expected_shape, action, what)
+    return converted, source.shape
+
+
+def initial_dtype(initial_value: Any, dtype: Any, label: str) -> np.dtype:
+    """The dtype of a variable created from ``initial_value``: ``dtype``, or else the
+    value's own as JAX infers it (a Python float gives float32), as JAX stores it (64-bit
+    dtypes become 32-bit unless x64 is on).
+
+    Raises:
+      DtypeMismatchError: if ``dtype`` is not a dtype, or it (or the value's own) is not a
+        bool, integer, floating or complex dtype.
+    """
+    if dtype is not None:
+        try:
+            requested = jnp.dtype(dtype)
+        except TypeError as error:
+            raise DtypeMismatchError(
+                f"Cannot create Variable '{label}' with dtype {dtype!r}: {error}"
+            ) from None
+    else:
+        requested = _own_dtype(initial_value, label)
+    if family(requested) is None:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' with dtype {requested}: expected a bool, "
+            "integer, floating or complex dtype"
+        )
+    return jax.dtypes.canonicalize_dtype(requested)
+
+
+def _own_dtype(value: Any, label: str) -> np.dtype:
+    """The dtype NumPy gives ``value`` (a Python int: int64), before JAX stores it."""
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        return value.dtype
+    if type(value) in PYTHON_SCALARS:
+        return np.dtype(type(value))
+    described = f"{type(value).__name__} {short_repr(value)}"
+    try:
+        own = np.asarray(value).dtype
+    except (TypeError, ValueError) as error:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' from {described}: {error}"
+        ) from None
+    if family(own) is None:
+        raise DtypeMismatchError(
+            f"Cannot create Variable '{label}' from {described}: expected a bool, integer, "
+            "floating or complex value"
+        )
+    return own
 
 
 def _enters_as_it_is(value: Any, dtype: np.dtype) -> bool:

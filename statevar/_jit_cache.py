@@ -248,7 +248,12 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
             try:
                 # As `store`, with the targets bound once.
                 _consume(
-                    map(_setattr, targets, attributes, _flatten(_starmap(jitted, ((arrays, dynamic),))))
+                    map(
+                        _setattr,
+                        targets,
+                        attributes,
+                        _flatten(_starmap(jitted, ((arrays, dynamic),))),
+                    )
                 )
             except Exception as error:
                 failed = function_ref()._failed_call  # type: ignore[union-attr]

@@ -167,10 +167,11 @@ def fresh(value: Any, like: jax.Array | jax.ShapeDtypeStruct) -> jax.Array:
     """Returns ``value`` as a new array of ``like``'s shape, dtype and sharding.
 
     For an assignment to a variable whose array was deleted outside statevar: ``like`` may be
-    deleted, only its metadata is read. Donates nothing.
+    deleted, only its metadata is read. Donates nothing, and never returns ``value``'s own
+    buffer (the variable's next update would donate it).
     """
     new = _fit(jnp.asarray(value), jax.ShapeDtypeStruct(like.shape, like.dtype))
-    return jax.device_put(new, like.sharding)
+    return jax.device_put(new, like.sharding, may_alias=False)
 
 
 def _describe(part: Any) -> Any:

@@ -14,10 +14,10 @@ import numpy as np
 from . import _placement, _state, _trace, _update
 from ._convert import (
     Tracer,
-    check_initial_conversion,
     check_not_deleted,
+    convert,
     convert_for_update,
-    family,
+    initial_dtype,
     is_concrete_array,
     short_repr,
 )
@@ -195,14 +195,12 @@ def _evaluate_initializer(
     return initial_value(), target
 
 
-def _check_initial_value(label: str, initial_value: Any, dtype: Any) -> None:
-    """Refuses an initial value that is deleted or traced, or that the requested ``dtype``
-    cannot hold (by the rules of an assign).
+def _check_initial_value(label: str, initial_value: Any) -> None:
+    """Refuses an initial value that is deleted or traced.
 
     Raises:
       ValueError: if it is a deleted array.
       TraceContextError: if it is a tracer.
-      DtypeMismatchError: if ``dtype`` is not a dtype, or the conversion loses information.
     """
     check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
     if isinstance(initial_value, Tracer):
@@ -210,45 +208,20 @@ def _check_initial_value(label: str, initial_value: Any, dtype: Any) -> None:
             f"Cannot create Variable '{label}' from a traced value inside a JAX "
             "transformation: create variables outside jitted or differentiated functions."
         )
-    if dtype is not None:
-        try:
-            requested = jnp.dtype(dtype)
-        except TypeError as error:
-            raise DtypeMismatchError(
-                f"Cannot create Variable '{label}' with dtype {dtype!r}: {error}"
-            ) from None
-        check_initial_conversion(initial_value, requested, label)
 
 
 def _initial_array(label: str, initial_value: Any, dtype: Any) -> jax.Array:
     """Returns a strongly typed copy of ``initial_value`` with ``dtype`` (inferred as JAX
-    infers it when None), on JAX's default device.
+    infers it when None), on JAX's default device, converted by the rules of an assign.
 
     Raises:
-      DtypeMismatchError: if the value is out of range for the dtype, cannot be
-        converted, or is not numeric.
+      DtypeMismatchError: if ``dtype`` is not a numeric dtype, the value is not numeric, or
+        the conversion would lose information (a float into int32, 300 into int8).
     """
-    try:
-        value = jnp.array(initial_value, dtype=dtype, copy=True)
-    except OverflowError:
-        raise DtypeMismatchError(
-            f"Cannot create Variable '{label}': {short_repr(initial_value)} is out of range "
-            f"for dtype {jnp.dtype(dtype) if dtype is not None else 'int32'}"
-        ) from None
-    except (TypeError, ValueError) as error:
-        raise DtypeMismatchError(
-            f"Cannot create Variable '{label}' from {type(initial_value).__name__} "
-            f"{short_repr(initial_value)}: {error}"
-        ) from error
-    if family(value.dtype) is None:
-        raise DtypeMismatchError(
-            f"Cannot create Variable '{label}' with dtype {value.dtype}: expected a "
-            "bool, integer, floating or complex dtype"
-        )
-    if value.weak_type:
-        # A variable's dtype is fixed: Python scalars give a strongly typed array.
-        value = jnp.array(value, dtype=value.dtype)
-    return value
+    target = initial_dtype(initial_value, dtype, label)
+    value, _ = convert(initial_value, target, f"Cannot create Variable '{label}'")
+    # An explicit dtype gives a strongly typed array: a variable's dtype is fixed.
+    return jnp.array(value, dtype=target, copy=True)
 
 
 def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
@@ -424,7 +397,7 @@ class Variable(RefusedInPlace, Readable):
             initial_value = initial_value._read()
         device, sharding = _placement_request(label, device, sharding)
         initial_value, target = _evaluate_initializer(label, initial_value, sharding, device)
-        _check_initial_value(label, initial_value, dtype)
+        _check_initial_value(label, initial_value)
         if target is None:
             # Checked before anything is copied to a device: a bad request changes nothing.
             target = _target_sharding(
@@ -600,31 +573,55 @@ class Variable(RefusedInPlace, Readable):
             )
             self._update(SETMASK, value, (index,))
             return
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(map(_is_scalar_mask, parts)):
+            # NumPy reads a 0-d boolean as a new axis that selects everything (True) or
+            # nothing (False).
+            if not all(bool(part) for part in parts if _is_scalar_mask(part)):
+                target = self._indexed_shape(index)
+                convert_for_update(read_operand(value), self._value, self.name, SETITEM, target)
+                return
+            index = tuple(None if _is_scalar_mask(part) else part for part in parts)
         static, dynamic = _update.split_index(index)
         if not any(isinstance(part, Tracer) for part in dynamic):
-            try:
-                target = np.broadcast_to(np.empty((), np.bool_), self.shape)[
-                    tuple(
-                        np.asarray(part) if isinstance(part, jax.Array) else part
-                        for part in _update.rebuild_index(static, dynamic)
-                    )
-                ].shape
-            except (IndexError, ValueError) as error:  # out of range; a slice step of 0
-                raise type(error)(
-                    f"Cannot set Variable '{self.name}'[{short_repr(index)}]: {error} "
-                    f"(the variable's shape is {self.shape})"
-                ) from None
+            target = self._indexed_shape(index)
             # A jitted update cannot take a boolean mask (the selection's shape would depend
             # on its values), so a concrete mask becomes the integer indices it selects.
             static, dynamic = _update.split_index(_masks_to_indices(index))
         else:
-            target = jax.eval_shape(
-                lambda x: x[index], jax.ShapeDtypeStruct(self.shape, self.dtype)
-            ).shape
+            target = self._indexed_shape(index, traced=True)
         value = convert_for_update(
             read_operand(value), self._value, self.name, SETITEM, target_shape=target
         )
         self._update(SETITEM, value, (dynamic, static))
+
+    def _indexed_shape(self, index: Any, traced: bool = False) -> tuple[int, ...]:
+        """The shape of ``self[index]``, by NumPy's rules (JAX's for a ``traced`` index).
+
+        Raises:
+          IndexError: if the index is out of range, or selects by a traced boolean.
+          ValueError: for a slice step of 0.
+        """
+        try:
+            if traced:
+                abstract = jax.ShapeDtypeStruct(self.shape, self.dtype)
+                return jax.eval_shape(lambda x: x[index], abstract).shape
+            parts = index if isinstance(index, tuple) else (index,)
+            return np.broadcast_to(np.empty((), np.bool_), self.shape)[
+                tuple(np.asarray(part) if isinstance(part, jax.Array) else part for part in parts)
+            ].shape
+        except jax.errors.NonConcreteBooleanIndexError:
+            raise IndexError(
+                f"Cannot set Variable '{self.name}'[{short_repr(index)}]: a traced boolean "
+                "index selects a number of elements known only when the step runs. Use "
+                "v[mask] = scalar with a mask of the variable's shape, or "
+                "v.assign(jnp.where(mask, new, v))"
+            ) from None
+        except (IndexError, ValueError) as error:  # out of range; a slice step of 0
+            raise type(error)(
+                f"Cannot set Variable '{self.name}'[{short_repr(index)}]: {error} "
+                f"(the variable's shape is {self.shape})"
+            ) from None
 
     def _placed_index(self, index: Any) -> Any:
         """Refuses deleted index arrays, and copies index arrays on another device to the
@@ -795,6 +792,15 @@ jax.tree_util.register_pytree_node_class(Variable)
 def _is_mask(part: Any) -> bool:
     is_array = is_concrete_array(part) or isinstance(part, np.ndarray)
     return is_array and part.dtype == np.bool_ and part.ndim > 0
+
+
+def _is_scalar_mask(part: Any) -> bool:
+    """Whether an index part is a concrete 0-d boolean (``True``, ``np.True_``, a 0-d
+    boolean array)."""
+    if isinstance(part, (bool, np.bool_)):
+        return True
+    is_array = is_concrete_array(part) or isinstance(part, np.ndarray)
+    return is_array and part.dtype == np.bool_ and part.ndim == 0
 
 
 def _masks_to_indices(index: Any) -> Any:

@@ -194,6 +194,18 @@ class Readable(ArrayOperators):
     def __round__(self, ndigits: int | None = None) -> Any:
         return round(self._read(), ndigits)
 
+    def __format__(self, format_spec: str) -> str:
+        """``f"{v:.3f}"`` formats a 0-d value as a jax.Array does; ``f"{v}"`` is ``str(v)``."""
+        if not format_spec:
+            return str(self)
+        value = self._read()
+        if value.ndim:
+            raise TypeError(
+                f"Cannot format Variable '{self.name}' with {format_spec!r}: it has shape "
+                f"{value.shape}, and only a 0-d value takes a format spec (as for a jax.Array)"
+            )
+        return format(value, format_spec)
+
     def __contains__(self, item: Any) -> bool:
         return item in self._read()
 

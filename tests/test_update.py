@@ -124,6 +124,40 @@ def test_setitem(index, value, expected):
     chex.assert_trees_all_close(v.value, jnp.array(expected))
 
 
+@pytest.mark.parametrize(
+    "index",
+    [True, False, np.True_, np.array(False), jnp.array(True), (0, True), (1, False)],
+    ids=["true", "false", "np_true", "np_false_0d", "jax_true_0d", "row_true", "row_false"],
+)
+def test_setitem_with_a_0d_boolean_selects_everything_or_nothing_as_numpy_does(index):
+    v = statevar.Variable(np.arange(6.0, dtype=np.float32).reshape(2, 3))
+    expected = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    expected[index if not isinstance(index, jax.Array) else np.asarray(index)] = 9.0
+
+    v[index] = 9.0
+
+    np.testing.assert_array_equal(v.numpy(), expected)
+
+
+def test_setitem_with_a_0d_boolean_checks_the_value_even_when_it_selects_nothing():
+    v = statevar.Variable([1.0, 2.0, 3.0], name="v")
+    with pytest.raises(ValueError, match=r"Variable 'v': shape \(2,\) does not match .*\(0, 3\)"):
+        v[False] = [1.0, 2.0]
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0, 3.0])
+
+
+def test_setitem_with_a_traced_boolean_index_names_the_variable_and_the_way_out():
+    v = statevar.Variable([1.0, 2.0, 3.0], name="v")
+
+    @statevar.jit
+    def step(flag):
+        v[flag] = 0.0
+
+    with pytest.raises(IndexError, match=r"Cannot set Variable 'v'\[.*\]: a traced boolean"):
+        step(jnp.array(True))
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0, 3.0])
+
+
 def test_setitem_with_a_comparison_mask():
     v = statevar.Variable([[1.0, -2.0], [-3.0, 4.0]])
 
@@ -547,6 +581,22 @@ def test_reads_taken_earlier_survive_later_updates(read, operation):
         assert not taken.is_deleted()
     np.testing.assert_array_equal(np.asarray(taken), expected)
     assert float(np.asarray(v)[0]) != float(expected.flat[0])
+
+
+def test_a_same_device_device_put_aliases_the_buffer_and_the_next_update_deletes_it():
+    # A JAX trap statevar cannot see (it counts Python references): device_put onto the
+    # array's own device gives another Array over the same buffer. docs/variables.md says
+    # to ask for a copy; if JAX ever copies here, this test and that paragraph go.
+    v = statevar.Variable([1.0, 2.0])
+    alias = jax.device_put(v.value, v.device)
+    kept = jax.device_put(v.value, v.device, may_alias=False)
+    assert alias is not v.value
+    assert alias.unsafe_buffer_pointer() == v.value.unsafe_buffer_pointer()
+
+    v.assign_add(1.0)
+
+    assert alias.is_deleted()
+    np.testing.assert_array_equal(kept, [1.0, 2.0])
 
 
 def test_many_reads_survive_many_updates():

@@ -59,13 +59,13 @@ def test_dtype_argument_overrides_inference(initial_value, dtype, expected):
 @pytest.mark.parametrize(
     ("initial_value", "dtype", "match"),
     [
-        (1.5, jnp.int32, r"Variable 'v' with dtype int32 from 1.5: floating values cannot"),
+        (1.5, jnp.int32, r"Variable 'v': a value of dtype float cannot be converted safely"),
         ([1.0, 2.5], jnp.int32, r"floating into integer"),
         ([0, 3], jnp.bool_, r"integer into bool"),
         (1 + 2j, jnp.float32, r"complex into floating"),
-        (300, jnp.int8, r"Variable 'v': 300 is out of range for dtype int8"),
-        ([1, 300], jnp.int8, r"Variable 'v': \[1, 300\] is out of range for dtype int8"),
-        (2**40, None, r"Variable 'v': 1099511627776 is out of range for dtype int32"),
+        (300, jnp.int8, r"Variable 'v': a value of dtype int \(300\) is out of range for the"),
+        ([1, 300], jnp.int8, r"Variable 'v': .*\[  1, 300\].* is out of range for the"),
+        (2**40, None, r"Variable 'v': .*\(1099511627776\) is out of range .* dtype int32"),
     ],
 )
 def test_dtype_argument_refuses_lossy_conversions(initial_value, dtype, match):
@@ -706,6 +706,48 @@ def test_dtype_at_creation_follows_the_rules_of_assign():
         assert refused_at_creation == refused_by_assign, value
 
 
+@pytest.mark.parametrize(
+    "source, dtype, shown",
+    [
+        (lambda: np.array([2**40, 7]), jnp.int64, r"dtype int64 .* out of range .* int32"),
+        (lambda: np.array([2**40, 7]), None, r"dtype int64 .* out of range .* int32"),
+        (lambda: jnp.array([4_000_000_000], jnp.uint32), jnp.int64, "from 4000000000"),
+        (lambda: np.array([2**64 - 1], np.uint64), np.uint64, r"out of range .* uint32"),
+    ],
+    ids=["host-int64-dtype", "host-int64-inferred", "device-uint32-to-int64", "host-uint64"],
+)
+def test_64_bit_integers_at_creation_are_checked_against_the_dtype_jax_stores(source, dtype, shown):
+    # With x64 off JAX stores int64 as int32 (and uint64 as uint32), wrapping larger values:
+    # the range is checked against the dtype the variable will have, as assign does.
+    assert not jax.config.jax_enable_x64
+    with pytest.raises(statevar.DtypeMismatchError, match=f"Cannot create Variable 'w': .*{shown}"):
+        statevar.Variable(source(), dtype=dtype, name="w")
+
+
+def test_64_bit_integers_in_range_are_created_exactly():
+    v = statevar.Variable(np.array([2**31 - 1, -(2**31)]), dtype=jnp.int64)
+
+    assert v.dtype == jnp.int32
+    np.testing.assert_array_equal(v.numpy(), [2**31 - 1, -(2**31)])
+
+
+@pytest.mark.parametrize(
+    "value, dtype",
+    [(2**31, jnp.float16), ("7", jnp.int32), (np.array(["7"]), jnp.int32)],
+    ids=["int-overflowing-float16", "str", "str-array"],
+)
+def test_creation_refuses_what_assign_refuses_with_the_same_message(value, dtype):
+    target = statevar.Variable(jnp.zeros(np.shape(value), dtype), name="w")
+    with pytest.raises(statevar.DtypeMismatchError) as by_assign:
+        target.assign(value)
+    with pytest.raises(statevar.DtypeMismatchError) as at_creation:
+        statevar.Variable(value, dtype=dtype, name="w")
+
+    assert str(at_creation.value) == str(by_assign.value).replace(
+        "Cannot assign to", "Cannot create"
+    )
+
+
 # --------------------------------------------------------------- arrays deleted outside
 
 
@@ -732,6 +774,17 @@ def test_assign_restores_a_variable_deleted_outside_statevar():
     v.assign_add(1.0)  # and updates work again, in place
     np.testing.assert_array_equal(v.numpy(), [2.0, 3.0, 4.0, 5.0])
     np.testing.assert_array_equal(other.numpy(), np.ones(4))
+
+
+def test_the_array_that_restores_a_deleted_variable_stays_valid_after_its_updates():
+    v = _donated_elsewhere()
+    source = jnp.arange(4.0) * 10  # of the variable's dtype and shape: nothing to convert
+    v.assign(source)
+    v.assign_add(1.0)  # donates the variable's buffer, which must not be the source's
+
+    assert not source.is_deleted()
+    np.testing.assert_array_equal(source, [0.0, 10.0, 20.0, 30.0])
+    np.testing.assert_array_equal(v.numpy(), [1.0, 11.0, 21.0, 31.0])
 
 
 @pytest.mark.parametrize(
@@ -832,3 +885,12 @@ def test_python_numeric_protocols_of_jax_arrays():
     assert 2 in bits and 5 not in bits
     np.testing.assert_array_equal(np.from_dlpack(statevar.Variable([1.0, 2.0])), [1.0, 2.0])
     assert bits.__array_namespace__() is jnp
+
+
+def test_format_spec_formats_a_0d_value_as_a_jax_array_does():
+    loss = statevar.Variable(0.25, name="loss")
+    assert f"{loss:.3f}" == f"{jnp.float32(0.25):.3f}" == "0.250"
+    assert f"{statevar.Variable(7, name='step'):>4}" == "   7"
+    assert f"{loss}" == str(loss)
+    with pytest.raises(TypeError, match=r"Cannot format Variable 'w' with '.3f': it has shape"):
+        f"{statevar.Variable([1.0, 2.0], name='w'):.3f}"
