@@ -117,7 +117,8 @@ def stateless_call(
     given: dict[Variable, Any] = {}
     for variable, leaf in zip(variables, leaves, strict=True):
         given[variable] = _checked(variable, leaf)
-    refs_for: tuple[Variable, ...] = ()
+    # A dict as an ordered set: membership by identity (`Variable.__eq__` is elementwise).
+    refs_for: dict[Variable, None] = {}
     while True:
         frame = _trace.Frame(
             "stateless",
@@ -129,7 +130,7 @@ def stateless_call(
         if not frame.wanted_refs:
             break
         # Assignments under nested transformations were dropped: run again with refs.
-        refs_for = (*refs_for, *frame.wanted_refs)
+        refs_for.update(dict.fromkeys(frame.wanted_refs))
     final = dict(frame.values)
     final.update({v: jax.freeze(ref) for v, ref in frame.refs.items()})
     return result, _map_variables(final.__getitem__, tree)

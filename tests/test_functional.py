@@ -157,6 +157,27 @@ def test_stateless_call_carries_assignments_under_control_flow(compile):
     assert float(counter) == 0.0
 
 
+
+@pytest.mark.parametrize(
+    "first, second",
+    [(1.0, 1.0), (jnp.ones(3), jnp.ones(3))],
+    ids=["equal-scalars", "vectors"],
+)
+def test_stateless_call_tells_variables_apart_by_identity_not_value(first, second):
+    # Several target variables, one assigned under a cond: none may be compared by value.
+    a = statevar.Variable(first, name="a")
+    b = statevar.Variable(second, trainable=False, name="b")
+
+    def fn():
+        jax.lax.cond(True, lambda: (b.assign(b + a), None)[1], lambda: None)
+        return a * 1.0
+
+    result, (new_a, new_b) = statevar.stateless_call(fn, [a, b], [a.value * 10, b.value * 20])
+
+    chex.assert_trees_all_equal(result, a.value * 10)
+    chex.assert_trees_all_equal(new_a, a.value * 10)
+    chex.assert_trees_all_equal(new_b, b.value * 30)
+
 def test_stateless_call_inside_statevar_jit_and_grad():
     model = Model()
     values = statevar.read_values(Model(seed=1))
