@@ -64,14 +64,17 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
         leaves, treedef = jax.tree.flatten(tree, is_leaf=is_variable)
         lifted = list(dict.fromkeys(v for v in leaves if is_differentiable(v)))
         outermost = _trace.innermost() is None
+        differentiated = frozenset(lifted)
         while True:
-            # Outside statevar.jit, this frame owns the refs; inside, the jit frame does.
-            refs = {v: jax.new_ref(v._read()) for v in learned_refs[0]} if outermost else {}
+            # Outside statevar.jit, this frame owns the refs; inside, the jit frame does. A
+            # variable differentiated now (trainable since) is read as a primal, never a ref.
+            learned = [v for v in learned_refs[0] if v not in differentiated]
+            refs = {v: jax.new_ref(v._read()) for v in learned} if outermost else {}
             frame = _trace.Frame("grad", {}, refs)
 
             def pure(primals: list[jax.Array], frame: _trace.Frame = frame) -> Any:
                 frame.values = dict(zip(lifted, primals, strict=True))
-                frame.differentiated = frozenset(lifted)
+                frame.differentiated = differentiated
                 with frame:
                     out = read_variables(fn(*args, **kwargs))
                 loss, aux = out if has_aux else (out, None)

@@ -92,6 +92,30 @@ def test_freezing_later_makes_the_slot_none():
     assert statevar.grad(lambda: w * w, w)() is None
 
 
+
+@pytest.mark.parametrize("transform", [lambda f: f, statevar.jit], ids=["eager", "jit"])
+def test_a_variable_assigned_under_cond_while_frozen_gets_its_gradient_once_trainable(
+    transform,
+):
+    # The first calls learn to hold `w` in a ref (assigned under a cond); once trainable it
+    # is differentiated, not read from that ref.
+    w = statevar.Variable(3.0, trainable=False)
+    calibrating = [True]
+
+    def loss():
+        if calibrating[0]:
+            jax.lax.cond(True, lambda: (w.assign(w + 1.0), None)[1], lambda: None)
+        return w * w
+
+    value_and_grad = transform(statevar.value_and_grad(loss, w))
+    value, grad = value_and_grad()
+    assert grad is None and float(value) == 16.0 and float(w) == 4.0
+    w.trainable, calibrating[0] = True, False
+
+    value, grad = value_and_grad()
+
+    chex.assert_trees_all_close((value, grad), (16.0, 8.0))
+
 def test_variables_hold_concrete_arrays_after_the_call():
     model = Linear()
     statevar.grad(lambda: jnp.sum(model(X)), model)()
