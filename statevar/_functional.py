@@ -125,8 +125,11 @@ def stateless_call(
             {v: value for v, value in given.items() if v not in refs_for},
             {v: jax.new_ref(given[v]) for v in refs_for},
         )
-        with frame:
-            result = read_variables(fn(*args, **kwargs))
+        try:
+            with frame:
+                result = read_variables(fn(*args, **kwargs))
+        except _trace.NeedsRefs:
+            pass  # stopped at a nested write: call again with its ref
         if not frame.wanted_refs:
             break
         # Assignments under nested transformations were dropped: run again with refs.

@@ -13,7 +13,9 @@ therefore lives in a `jax.Ref` made by the outermost frame from its value (for
 would run step by step (an untaken branch does not write, a loop of zero steps changes
 nothing) and compile to the same donated buffers. Which variables need one is learned while
 tracing: a nested write without a ref is recorded in `Frame.wanted_refs` and dropped, and
-the frame that owns the trace traces again with refs for them. Variables never written
+the frame that owns the trace traces again with refs for them (`statevar.grad` and
+`stateless_call` outside `statevar.jit`, which may be running JAX's transformations for
+real, stop at that write: `NeedsRefs`). Variables never written
 under a nested transformation stay plain values, so their compiled code is unchanged.
 """
 
@@ -208,6 +210,17 @@ def write(var: Variable, value: Any, operation: str) -> None:
         return
     _check_nested_write(owner, var, operation, has_ref=False)
     owner.wanted_refs[var] = None
+    if owner.kind != "jit":
+        # statevar.grad and stateless_call outside statevar.jit may be running JAX's
+        # transformations for real: a loop whose end depends on the dropped write would never
+        # end. Stop here; the owner traces again with a ref.
+        raise NeedsRefs(var)
+
+
+class NeedsRefs(Exception):
+    """Stops the trace of an eager `statevar.grad` or `statevar.stateless_call` at a write
+    under a nested transformation to a variable without a ref; the call traces again with
+    refs for the frame's `Frame.wanted_refs`."""
 
 
 def _innermost_stateless(stack: list[Frame]) -> int:

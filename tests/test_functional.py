@@ -157,7 +157,6 @@ def test_stateless_call_carries_assignments_under_control_flow(compile):
     assert float(counter) == 0.0
 
 
-
 @pytest.mark.parametrize(
     "first, second",
     [(1.0, 1.0), (jnp.ones(3), jnp.ones(3))],
@@ -177,6 +176,7 @@ def test_stateless_call_tells_variables_apart_by_identity_not_value(first, secon
     chex.assert_trees_all_equal(result, a.value * 10)
     chex.assert_trees_all_equal(new_a, a.value * 10)
     chex.assert_trees_all_equal(new_b, b.value * 30)
+
 
 def test_stateless_call_inside_statevar_jit_and_grad():
     model = Model()

@@ -92,7 +92,6 @@ def test_freezing_later_makes_the_slot_none():
     assert statevar.grad(lambda: w * w, w)() is None
 
 
-
 @pytest.mark.parametrize("transform", [lambda f: f, statevar.jit], ids=["eager", "jit"])
 def test_a_variable_assigned_under_cond_while_frozen_gets_its_gradient_once_trainable(
     transform,
@@ -115,6 +114,7 @@ def test_a_variable_assigned_under_cond_while_frozen_gets_its_gradient_once_trai
     value, grad = value_and_grad()
 
     chex.assert_trees_all_close((value, grad), (16.0, 8.0))
+
 
 def test_variables_hold_concrete_arrays_after_the_call():
     model = Linear()

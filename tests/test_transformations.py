@@ -274,6 +274,71 @@ def test_statevar_grad_eagerly_with_nested_assignments():
     assert int(count) == 2
 
 
+def _double_until(v, w, limit, runs):
+    """A loss whose while_loop ends only through the variable its body writes (the carry
+    takes the new value); ``runs`` counts the iterations that ran. A cap keeps a wrong run
+    (one without the write) finite."""
+
+    def body(carry):
+        jax.debug.callback(lambda: runs.append(None))
+        v.assign(v * 2.0)
+        return v.value, carry[1] + 1
+
+    jax.lax.while_loop(lambda carry: (carry[0] < limit) & (carry[1] < 50), body, (v.value, 0))
+    return w * v
+
+
+@pytest.mark.parametrize("transform", [statevar.jit, _identity], ids=["jit", "eager"])
+def test_a_loop_ending_through_a_variable_it_writes_runs_as_the_python_would(transform):
+    # Eagerly JAX runs the loop for real: the first trace must not run it without the write.
+    v = statevar.Variable(1.0, trainable=False, name="v")
+    w = statevar.Variable(3.0, name="w")
+    runs = []
+
+    grad = transform(statevar.grad(lambda: _double_until(v, w, 100.0, runs), w))
+
+    assert float(grad()) == 128.0 and float(v) == 128.0
+    assert len(runs) == 7  # 1 -> 128: no run without the write (it would take 50)
+
+
+@pytest.mark.parametrize("compile", [jax.jit, _identity], ids=["jax.jit", "eager"])
+def test_stateless_call_of_a_loop_ending_through_a_variable_it_writes(compile):
+    v = statevar.Variable(1.0, trainable=False, name="v")
+    w = statevar.Variable(3.0, name="w")
+
+    runs = []
+    run = compile(
+        lambda start: statevar.stateless_call(lambda: _double_until(v, w, 100.0, runs), v, start)
+    )
+
+    result, final = run(jnp.float32(1.0))
+    assert (float(result), float(final), float(v)) == (384.0, 128.0, 1.0)
+    assert len(runs) == 7
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda loss, v, w: statevar.grad(loss, w)(),
+        lambda loss, v, w: statevar.stateless_call(loss, v, jnp.float32(0.0)),
+    ],
+    ids=["grad", "stateless_call"],
+)
+def test_an_eager_while_loop_whose_cond_fun_reads_what_its_body_writes_is_refused(call):
+    v = statevar.Variable(0.0, trainable=False, name="v")
+    w = statevar.Variable(1.0, name="w")
+
+    def loss():
+        # The cap only bounds a run that would otherwise never end.
+        cond = lambda c: (v.value < 5.0) & (c < 50)  # noqa: E731
+        jax.lax.while_loop(cond, lambda c: _none(v.assign_add(1.0)) or c + 1, 0)
+        return w * v
+
+    with pytest.raises(statevar.TraceContextError, match=r"Variable 'v' in the body of a"):
+        call(loss, v, w)
+    assert float(v) == 0.0
+
+
 def test_a_variable_read_in_a_while_cond_fun_and_assigned_in_the_body_is_refused():
     v = statevar.Variable(0.0, name="v")
 
