@@ -83,9 +83,7 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
 
             primals = [v._read() for v in lifted]
             try:
-                (value, (aux, written)), gradients = jax.value_and_grad(pure, has_aux=True)(
-                    primals
-                )
+                (value, (aux, written)), gradients = jax.value_and_grad(pure, has_aux=True)(primals)
             except _trace.NeedsRefs:
                 pass  # stopped at a nested write: trace again with its ref
             if not (outermost and frame.wanted_refs):

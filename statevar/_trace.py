@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 from jax import lax
-from jax.extend.core import find_top_trace, get_opaque_trace_state
+from jax.extend.core import find_top_trace, get_opaque_trace_state, set_current_trace
 
 from ._errors import TraceContextError
 from ._state import enter_trace_frame, exit_trace_frame
@@ -148,7 +148,11 @@ def read(var: Variable) -> Any | None:
             ref = frame.refs.get(var)
             if ref is not None:
                 _check_ref_read(frame, var)
-                return ref[...]
+                level = _read_level(frame)
+                if level is None:
+                    return ref[...]
+                with set_current_trace(level):
+                    return ref[...]
         value = frame.values.get(var)
         if value is not None:
             if frame.differentiated:
@@ -256,6 +260,28 @@ def describe(trace: Any) -> str:
     return _TRANSFORMATION_NAMES.get(traced_for or "", traced_for or "a JAX transformation")
 
 
+def _cannot_carry_refs(trace: Any) -> bool:
+    """Whether JAX fails on a ref's effects inside ``trace``: `jax.vmap` of a cond, switch or
+    while loop, and `jax.lax.custom_linear_solve` (under ``jax.scipy.sparse.linalg.cg``)."""
+    return type(trace).__name__ == "BatchTrace" or (_traced_for(trace) or "").startswith(
+        "custom_linear_solve"
+    )
+
+
+def _read_level(frame: Frame) -> Any | None:
+    """The trace to read a ref at: the parent of the outermost transformation between the
+    current trace and ``frame``'s that cannot carry a ref's effects, or None (read here).
+
+    No variable can be assigned under such a transformation (`_check_nested_write` refuses
+    it), so its value just outside is its value everywhere inside.
+    """
+    level = None
+    for trace in _traces_below(frame):  # innermost first: the last found is the outermost
+        if _cannot_carry_refs(trace):
+            level = getattr(trace, "parent_trace", None)
+    return level
+
+
 def _check_ref_read(frame: Frame, var: Variable) -> None:
     for trace in _traces_below(frame):
         traced_for = _traced_for(trace)
@@ -280,6 +306,12 @@ def _check_nested_write(frame: Frame, var: Variable, operation: str, has_ref: bo
         traced_for = _traced_for(trace)
         if traced_for == "custom_jvp fun":
             raise _custom_jvp_error(var, operation)
+        if (traced_for or "").startswith("custom_linear_solve"):
+            raise TraceContextError(
+                f"Cannot {operation} Variable '{var.name}' inside jax.lax.custom_linear_solve "
+                "(which jax.scipy.sparse.linalg solvers use): its functions run an unknown "
+                "number of times. Assign outside the solve (they may still read variables)."
+            )
         if traced_for == "checkpoint / remat" and differentiating:
             raise TraceContextError(
                 f"Cannot {operation} Variable '{var.name}' inside jax.checkpoint while "

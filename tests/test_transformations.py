@@ -371,6 +371,78 @@ def test_assigning_inside_vmap_is_refused_and_changes_nothing():
     assert (float(v), float(other)) == (1.0, 5.0)
 
 
+_REF_READERS = {
+    "vmap-of-cond": lambda v, xs: jax.vmap(
+        lambda x: jax.lax.cond(x > 0, lambda: v.value * x, lambda: x)
+    )(xs),
+    "vmap-of-switch": lambda v, xs: jax.vmap(
+        lambda x: jax.lax.switch((x + 1).astype(int), [lambda: v.value, lambda: -v.value, _one])
+    )(xs),
+    "vmap-of-while": lambda v, xs: jax.vmap(
+        lambda x: jax.lax.while_loop(lambda c: c < v.value * x, lambda c: c + 1.0, 0.0)
+    )(xs),
+    "vmap-of-fori-batched": lambda v, xs: jax.vmap(
+        lambda x: jax.lax.fori_loop(0, (x + 2).astype(int), lambda i, c: c + v.value, 0.0)
+    )(xs),
+    "scan-of-vmap-of-cond": lambda v, xs: jax.lax.scan(
+        lambda c, _: (
+            c + jax.vmap(lambda x: jax.lax.cond(x > 0, lambda: v.value, lambda: x))(xs),
+            None,
+        ),
+        jnp.zeros_like(xs),
+        None,
+        length=2,
+    )[0],
+    "cg": lambda v, xs: jax.scipy.sparse.linalg.cg(lambda y: y * v.value, xs)[0],
+}
+
+
+def _one():
+    return jnp.float32(1.0)
+
+
+@pytest.mark.parametrize("reader", _REF_READERS.values(), ids=_REF_READERS.keys())
+def test_a_variable_assigned_under_a_cond_reads_inside_vmap_and_solvers_as_any_other(reader):
+    # Assigned under a nested transformation, the variable lives in a jax.Ref for the whole
+    # step; JAX cannot carry a ref inside vmap of cond, switch or while, or inside
+    # custom_linear_solve, so it is read just outside them: the value is the same.
+    xs = jnp.arange(-1.0, 3.0)
+    held = statevar.Variable(2.0, name="held")
+    plain = statevar.Variable(2.0, name="plain")
+
+    @statevar.jit
+    def with_ref(xs):
+        jax.lax.cond(True, lambda: _none(held.assign(held + 1.0)), lambda: None)
+        return reader(held, xs)
+
+    @statevar.jit
+    def without(xs):
+        plain.assign(plain + 1.0)
+        return reader(plain, xs)
+
+    chex.assert_trees_all_close(with_ref(xs), without(xs))
+    assert float(held) == float(plain) == 3.0
+
+
+def test_assigning_inside_custom_linear_solve_is_refused():
+    v = statevar.Variable(2.0, name="v")
+
+    def matvec(y):
+        v.assign_add(1.0)
+        return y * v.value
+
+    @statevar.jit
+    def solve(b):
+        return jax.scipy.sparse.linalg.cg(matvec, b)[0]
+
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot assign_add to Variable 'v' inside jax.lax.custom_linear_solve",
+    ):
+        solve(jnp.ones(3))
+    assert float(v) == 2.0
+
+
 def test_assigning_inside_a_custom_jvp_function_is_refused():
     v = statevar.Variable(1.0, name="v")
 
