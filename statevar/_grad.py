@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.custom_derivatives import SymbolicZero
 
 from . import _trace
 from ._tree import Node, is_differentiable, is_variable, read_variables, variable_tree
@@ -33,8 +34,9 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
     Returns:
       A function taking ``fn``'s arguments and returning ``(value, grads)`` (or
       ``((value, aux), grads)``). ``grads`` mirrors ``wrt``: a Module gives a dict keyed by
-      variable name; the slot of a non-trainable or integer variable, or of one ``fn``
-      never reads, holds None, as ``tf.GradientTape`` gives.
+      variable name; the slot of a non-trainable or integer variable, or of one the loss
+      does not reach (unread, read only for ``aux`` or through ``stop_gradient``), holds
+      None, as ``tf.GradientTape`` gives.
 
     Raises:
       TypeError: if ``wrt`` is not a Variable, Module or container of them.
@@ -72,8 +74,13 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
             refs = {v: jax.new_ref(v._read()) for v in learned} if outermost else {}
             frame = _trace.Frame("grad", {}, refs)
 
-            def pure(primals: list[jax.Array], frame: _trace.Frame = frame) -> Any:
-                frame.values = dict(zip(lifted, primals, strict=True))
+            mark, reached = _reach_marks()
+
+            def pure(
+                primals: list[jax.Array], frame: _trace.Frame = frame, mark: Any = mark
+            ) -> Any:
+                marked = [mark(i, primal) for i, primal in enumerate(primals)]
+                frame.values = dict(zip(lifted, marked, strict=True))
                 frame.differentiated = differentiated
                 with frame:
                     out = read_variables(fn(*args, **kwargs))
@@ -93,8 +100,8 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
             variable.assign(new)
         for variable, ref in refs.items():
             variable.assign(jax.freeze(ref))
-        # A variable the function never read gets None, as tf.GradientTape gives.
-        by_variable = {v: g for v, g in zip(lifted, gradients, strict=True) if v in frame.read}
+        # A variable the loss does not reach gets None, as tf.GradientTape gives.
+        by_variable = {v: gradients[i] for i, v in enumerate(lifted) if i in reached}
         grads = treedef.unflatten([by_variable.get(v) for v in leaves])
         if isinstance(wrt, Node):
             # Keep the module's order (JAX rebuilds dicts with sorted keys).
@@ -102,6 +109,28 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
         return ((value, aux) if has_aux else value), grads
 
     return wrapped
+
+
+def _reach_marks() -> tuple[Callable[[int, jax.Array], Any], set[int]]:
+    """An identity on the ``i``-th differentiated primal, and the set of the ``i`` whose
+    mark the backward pass reached with a cotangent: JAX skips (or gives a symbolic zero
+    to) a mark the loss does not reach differentiably."""
+    reached: set[int] = set()
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def mark(index: int, primal: jax.Array) -> jax.Array:
+        return primal
+
+    def forward(index: int, primal: Any) -> tuple[jax.Array, None]:
+        return primal.value, None  # a CustomVJPPrimal, with symbolic zeros on
+
+    def backward(index: int, _: None, cotangent: Any) -> tuple[Any]:
+        if not isinstance(cotangent, SymbolicZero):
+            reached.add(index)
+        return (cotangent,)
+
+    mark.defvjp(forward, backward, symbolic_zeros=True)
+    return mark, reached
 
 
 def grad(fn: Callable, wrt: Any) -> Callable:

@@ -362,7 +362,7 @@ class Optimizer:
             self._warned_no_gradient.update(unwarned)
             warnings.warn(
                 f"Optimizer got no gradient for {', '.join(repr(v.name) for v in unwarned)}: "
-                "the loss does not read these variables, so they and their optimizer state "
+                "the loss does not reach these variables, so they and their optimizer state "
                 "are left unchanged",
                 UserWarning,
                 stacklevel=2,

@@ -70,7 +70,6 @@ class Frame:
       values: the current traced value of each variable held as a plain value.
       refs: the `jax.Ref` of each variable written under a nested transformation.
       differentiated: the variables a grad frame differentiates (never written).
-      read: the differentiated variables the function read (grad frames).
       written: the variables assigned at the frame's own level.
       unlifted: variables read while tracing that the frame did not lift; their concrete
         values were used (jit frames only).
@@ -85,7 +84,6 @@ class Frame:
         self.differentiated: frozenset[Variable] = (
             frozenset(values) if kind == "grad" else frozenset()
         )
-        self.read: dict[Variable, None] = {}
         self.written: dict[Variable, None] = {}
         self.unlifted: dict[Variable, None] = {}
         self.wanted_refs: dict[Variable, None] = {}
@@ -155,8 +153,6 @@ def read(var: Variable) -> Any | None:
                     return ref[...]
         value = frame.values.get(var)
         if value is not None:
-            if frame.differentiated:
-                frame.read[var] = None
             return value
     for frame in stack:
         if frame.kind == "jit":

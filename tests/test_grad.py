@@ -116,6 +116,38 @@ def test_a_variable_assigned_under_cond_while_frozen_gets_its_gradient_once_trai
     chex.assert_trees_all_close((value, grad), (16.0, 8.0))
 
 
+def _reads_u_unused(w, u):
+    _ = u.value + 0.0
+    return w * w, None
+
+
+_UNREACHING = {
+    "unread": lambda w, u: (w * w, None),
+    "read-unused": _reads_u_unused,
+    "aux-only": lambda w, u: (w * w, {"u": u * 1.0}),
+    "stop-gradient": lambda w, u: (w * w + jax.lax.stop_gradient(u), None),
+}
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, statevar.jit], ids=["eager", "jit"])
+@pytest.mark.parametrize("loss", _UNREACHING.values(), ids=_UNREACHING.keys())
+def test_a_variable_the_loss_does_not_reach_gets_none(loss, transform):
+    w = statevar.Variable(3.0, name="w")
+    u = statevar.Variable(5.0, name="u")
+
+    (_, _), (dw, du) = transform(
+        statevar.value_and_grad(lambda: loss(w, u), [w, u], has_aux=True)
+    )()
+
+    assert float(dw) == 6.0
+    assert du is None
+
+
+def test_a_variable_reaching_the_loss_with_a_zero_gradient_gets_zero_not_none():
+    w = statevar.Variable(0.0, name="w")
+    assert float(statevar.grad(lambda: w * w, w)()) == 0.0
+
+
 def test_variables_hold_concrete_arrays_after_the_call():
     model = Linear()
     statevar.grad(lambda: jnp.sum(model(X)), model)()
