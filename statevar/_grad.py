@@ -10,6 +10,7 @@ import jax
 from jax.custom_derivatives import SymbolicZero
 
 from . import _trace
+from ._errors import TraceContextError
 from ._tree import Node, is_differentiable, is_variable, read_variables, variable_tree
 from ._variable import Variable
 
@@ -96,6 +97,14 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
             if not (outermost and frame.wanted_refs):
                 break
             learned_refs[0] = tuple(dict.fromkeys((*learned_refs[0], *frame.wanted_refs)))
+        if outermost and (frame.written or refs) and _trace.enclosing_vmap() is not None:
+            assigned = next(iter((*frame.written, *refs)))
+            raise TraceContextError(
+                f"Cannot assign Variable '{assigned.name}' in statevar.grad inside jax.vmap: "
+                "the function runs once for the whole batch, while a variable holds one value, "
+                "not one per batch element. Return the new values (with has_aux=True) and "
+                "assign a reduction of them outside the vmap, or use statevar.jit around it."
+            )
         for variable, new in zip(frame.written, written, strict=True):
             variable.assign(new)
         for variable, ref in refs.items():

@@ -102,11 +102,22 @@ class Frame:
         enter_trace_frame()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         _stack().pop()
         self._trace = None
         self._context.__exit__(*exc_info)
         exit_trace_frame()
+        error = exc_info[1]
+        if isinstance(error, NotImplementedError) and "vmap-of-cond" in str(error) and self.refs:
+            # Under jax.vmap, a cond or switch on a batched predicate runs both branches and
+            # selects: JAX cannot do that with a ref's writes.
+            names = ", ".join(repr(v.name) for v in self.refs)
+            raise TraceContextError(
+                f"Cannot assign Variable {names} under jax.lax.cond or switch with a "
+                "predicate batched by jax.vmap: both branches run and one is selected per "
+                "element, which JAX cannot do with a variable's update. Compute both values "
+                "and assign jnp.where(predicate, new, old) outside the cond."
+            ) from error
 
 
 def _stack() -> list[Frame]:
@@ -238,6 +249,16 @@ def _traces_below(frame: Frame) -> list[Any]:
         traces.append(trace)
         trace = getattr(trace, "parent_trace", None)
     return traces
+
+
+def enclosing_vmap() -> Any | None:
+    """The innermost `jax.vmap` trace the current trace runs under, or None."""
+    trace = find_top_trace(())
+    while trace is not None:
+        if type(trace).__name__ == "BatchTrace":
+            return trace
+        trace = getattr(trace, "parent_trace", None)
+    return None
 
 
 def _traced_for(trace: Any) -> str | None:

@@ -443,6 +443,43 @@ def test_assigning_inside_custom_linear_solve_is_refused():
     assert float(v) == 2.0
 
 
+def test_eager_statevar_grad_under_jax_vmap_refuses_its_assignments():
+    # The function runs once for the whole batch: one increment would stand for three.
+    w = statevar.Variable(2.0, name="w")
+    count = statevar.Variable(0, trainable=False, name="count")
+
+    def per_example(x):
+        return statevar.grad(lambda: _none(count.assign_add(1)) or (w * x) ** 2, w)()
+
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot assign Variable 'count' in statevar.grad inside jax.vmap",
+    ):
+        jax.vmap(per_example)(jnp.arange(3.0))
+    assert int(count) == 0
+    chex.assert_trees_all_close(
+        jax.vmap(lambda x: statevar.grad(lambda: (w * x) ** 2, w)())(jnp.arange(3.0)),
+        jnp.array([0.0, 4.0, 16.0]),
+    )
+
+
+def test_stateless_call_under_vmap_refuses_an_assignment_under_a_batched_cond_by_name():
+    w = statevar.Variable(2.0, name="w")
+
+    def double_when(x):
+        jax.lax.cond(x > 1, lambda: _none(w.assign(w * 2)), lambda: None)
+        return w + 1
+
+    xs = jnp.arange(3.0)
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot assign Variable 'w' under jax.lax.cond or switch with a predicate "
+        r"batched by jax.vmap: .* jnp.where",
+    ):
+        jax.vmap(lambda v, x: statevar.stateless_call(double_when, w, v, x))(xs, xs)
+    assert float(w) == 2.0
+
+
 def test_assigning_inside_a_custom_jvp_function_is_refused():
     v = statevar.Variable(1.0, name="v")
 
