@@ -246,7 +246,14 @@ class JitFunction:
         call runs Python code after donating."""
         box = Box()
         with _state.update_lock:
-            entry, arrays, originals, found = self._trace(key, entry, dynamic, donating=True)
+            try:
+                entry, arrays, originals, found = self._trace(key, entry, dynamic, donating=True)
+            except (RuntimeError, ValueError) as error:  # JAX's two "deleted" errors
+                arrays = [v._value for v in entry.lifted]
+                if not any(array.is_deleted() for array in arrays):
+                    raise
+                # Copying a shared array that was deleted: name the variable.
+                raise self._failed_call(entry.lifted, arrays, error) from error
             try:
                 with held_signals():
                     store(entry, box, arrays, dynamic)
@@ -288,6 +295,10 @@ class JitFunction:
             # JAX refused the call before running it: the arrays were deleted beforehand.
             return deleted[0]._deleted_error(
                 f"The statevar.jit function {self.__name__!r} cannot read"
+            )
+        for variable in deleted:
+            variable._mark_lost(
+                f"was donated to the statevar.jit function {self.__name__!r}, which failed"
             )
         return StatevarError(
             f"The statevar.jit function {self.__name__!r} failed after its variables' "

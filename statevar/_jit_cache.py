@@ -242,10 +242,10 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple]
         try:
             _acquire()
             arrays = originals = [v._value for v in lifted]
-            if sum(map(_getrefcount, arrays)) > unshared:
-                arrays = _update.copy_shared(originals)
             found = traced.found
             try:
+                if sum(map(_getrefcount, arrays)) > unshared:
+                    arrays = _update.copy_shared(originals)  # fails on a deleted array
                 # As `store`, with the targets bound once.
                 _consume(
                     map(

@@ -509,6 +509,7 @@ class Variable(RefusedInPlace, Readable):
         another thread may update the variable.
         """
         self._value = array
+        self._lost = None
 
     def _set_path(self, path: str) -> None:
         """Lets the variable be known by ``path`` in the Module holding it (see `name`)."""
@@ -744,7 +745,7 @@ class Variable(RefusedInPlace, Readable):
             # Donated or deleted outside statevar: only assign can restore it.
             if operation is not ASSIGN:
                 raise self._deleted_error(f"Cannot {operation.phrase}") from None
-            self._value = _update.fresh(value, old)
+            self._replace_array(_update.fresh(value, old))
             return self
         # An array deleted (donated elsewhere) that passed the inline check above.
         check_not_deleted(value, f"Cannot {operation.phrase} Variable '{self.name}'")
@@ -771,12 +772,21 @@ class Variable(RefusedInPlace, Readable):
             )
 
     def _deleted_error(self, action: str) -> ValueError:
-        return ValueError(
-            f"{action} Variable '{self.name}': its array was donated or deleted outside "
-            "statevar (by a jax.jit with donate_argnums, or .delete() on its value), so its "
-            "value is lost. Restore it with .assign(new_value), or from a checkpoint with "
-            "statevar.restore."
+        cause = self._lost or (
+            "was donated or deleted outside statevar (by a jax.jit with donate_argnums, or "
+            ".delete() on its value)"
         )
+        return ValueError(
+            f"{action} Variable '{self.name}': its array {cause}, so its value is lost. "
+            "Restore it with .assign(new_value), or from a checkpoint with statevar.restore."
+        )
+
+    # How the variable's deleted array was lost, when statevar lost it (a compiled step that
+    # failed after donating); cleared by whatever stores an array in its place.
+    _lost: str | None = None
+
+    def _mark_lost(self, cause: str) -> None:
+        self._lost = cause
 
     def __deepcopy__(self, memo: dict) -> Variable:
         copied = Variable(

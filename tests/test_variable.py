@@ -816,6 +816,57 @@ def test_a_compiled_step_reading_a_deleted_variable_names_it_and_changes_nothing
     np.testing.assert_array_equal(u.numpy(), np.full(4, 2.0))
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["first-call", "warm-call"])
+def test_a_compiled_step_reading_a_deleted_array_someone_else_holds_names_the_variable(warm):
+    v = statevar.Variable(jnp.arange(4.0), name="w")
+    u = statevar.Variable(jnp.ones(4), name="u")
+
+    @statevar.jit
+    def step():
+        u.assign_add(v.value)
+
+    if warm:
+        step()
+    held = v.value  # shared: the step would copy it rather than donate it
+    jax.jit(lambda x: x * 2, donate_argnums=0)(held)
+
+    with pytest.raises(ValueError, match=r"'step' cannot read Variable 'w'.*outside statevar"):
+        step()
+    assert not u.value.is_deleted()
+
+
+def test_a_variable_lost_by_a_failing_step_says_so_until_restored():
+    a = statevar.Variable(jnp.ones(3), name="a")
+    failing = [False]
+
+    def callback(x):
+        if failing[0]:
+            raise RuntimeError("callback failed")
+        return np.asarray(x)
+
+    @statevar.jit
+    def step(x):
+        a.assign(a + jax.pure_callback(callback, jax.ShapeDtypeStruct((3,), jnp.float32), x))
+
+    step(jnp.ones(3))
+    failing[0] = True
+    with pytest.raises(statevar.StatevarError, match=r"lost their values: 'a'"):
+        step(jnp.ones(3))
+
+    lost = r"its array was donated to the statevar.jit function 'step', which failed"
+    with pytest.raises(ValueError, match=f"Cannot read Variable 'a': {lost}"):
+        a.numpy()
+    failing[0] = False
+    with pytest.raises(ValueError, match=f"'step' cannot read Variable 'a': {lost}"):
+        step(jnp.ones(3))
+    a.assign(jnp.zeros(3))
+    step(jnp.ones(3))
+    np.testing.assert_array_equal(a.numpy(), np.ones(3))
+    jax.jit(lambda x: x, donate_argnums=0)(a)
+    with pytest.raises(ValueError, match="donated or deleted outside statevar"):
+        a.numpy()
+
+
 # --------------------------------------------------------------- in-place operators
 
 
