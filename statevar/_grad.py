@@ -93,7 +93,9 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
             try:
                 (value, (aux, written)), gradients = jax.value_and_grad(pure, has_aux=True)(primals)
             except _trace.NeedsRefs:
-                pass  # stopped at a nested write: trace again with its ref
+                if not outermost:
+                    raise  # the outer eager frame owns the refs: it traces again
+                # stopped at a nested write: trace again with its ref
             if not (outermost and frame.wanted_refs):
                 break
             learned_refs[0] = tuple(dict.fromkeys((*learned_refs[0], *frame.wanted_refs)))

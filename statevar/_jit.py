@@ -248,11 +248,11 @@ class JitFunction:
         with _state.update_lock:
             try:
                 entry, arrays, originals, found = self._trace(key, entry, dynamic, donating=True)
-            except (RuntimeError, ValueError) as error:  # JAX's two "deleted" errors
-                arrays = [v._value for v in entry.lifted]
-                if not any(array.is_deleted() for array in arrays):
+            except (RuntimeError, ValueError) as error:
+                if not _is_deleted_error(error):
                     raise
                 # Copying a shared array that was deleted: name the variable.
+                arrays = [v._value for v in entry.lifted]
                 raise self._failed_call(entry.lifted, arrays, error) from error
             try:
                 with held_signals():
@@ -289,9 +289,7 @@ class JitFunction:
             except PlacementError as refused:
                 return refused
             return error
-        if str(error).startswith("Array has been deleted") or "has been deleted or donated" in str(
-            error
-        ):
+        if _is_deleted_error(error):
             # JAX refused the call before running it: the arrays were deleted beforehand.
             return deleted[0]._deleted_error(
                 f"The statevar.jit function {self.__name__!r} cannot read"
@@ -330,6 +328,13 @@ class JitFunction:
             for leaf in jax.tree.leaves(arg)
         ]
         return frozenset(positions)
+
+
+def _is_deleted_error(error: Exception) -> bool:
+    """Whether ``error`` is JAX refusing a deleted array: its Python path's or its C++ fast
+    path's message."""
+    message = str(error)
+    return message.startswith("Array has been deleted") or "has been deleted or donated" in message
 
 
 def _under_transformation(name: str) -> TraceContextError:

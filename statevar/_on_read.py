@@ -512,10 +512,12 @@ class OnReadVariable(Variable, synchronization="on_read"):
             # Donated or deleted outside statevar: an assign gives every replica a value.
             if isinstance(value, PerReplica):
                 operand = self._replica_operand(value, operation)
-                self._value = _placement.put(jnp.asarray(operand), self._layout.replica_sharding)
+                self._replace_array(
+                    _placement.put(jnp.asarray(operand), self._layout.replica_sharding)
+                )
             else:
                 like = self._aggregate_target()
-                self._value = initializer(self._layout)(_update.fresh(value, like))
+                self._replace_array(initializer(self._layout)(_update.fresh(value, like)))
             return self
         return super()._failed_update(operation, value, old)
 

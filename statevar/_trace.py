@@ -112,8 +112,9 @@ class Frame:
             # Under jax.vmap, a cond or switch on a batched predicate runs both branches and
             # selects: JAX cannot do that with a ref's writes.
             names = ", ".join(repr(v.name) for v in self.refs)
+            which = "Variable" if len(self.refs) == 1 else "Variables"
             raise TraceContextError(
-                f"Cannot assign Variable {names} under jax.lax.cond or switch with a "
+                f"Cannot assign {which} {names} under jax.lax.cond or switch with a "
                 "predicate batched by jax.vmap: both branches run and one is selected per "
                 "element, which JAX cannot do with a variable's update. Compute both values "
                 "and assign jnp.where(predicate, new, old) outside the cond."
@@ -177,8 +178,9 @@ def write(var: Variable, value: Any, operation: str) -> None:
 
     At the innermost frame's own level the value replaces the frame's. Under a nested
     transformation it goes into the variable's ref; a variable without one is recorded in
-    the outermost frame's `Frame.wanted_refs` (the write is dropped: that frame traces
-    again). Inside `statevar.grad` the stored value is not differentiated through
+    the owning frame's `Frame.wanted_refs`, and that frame traces again: a `statevar.jit`
+    frame finishes its trace with the write dropped, any other stops here (`NeedsRefs`).
+    Inside `statevar.grad` the stored value is not differentiated through
     (``stop_gradient``), as TensorFlow's tape treats ``assign``.
 
     Raises:
@@ -229,9 +231,9 @@ def write(var: Variable, value: Any, operation: str) -> None:
 
 
 class NeedsRefs(Exception):
-    """Stops the trace of an eager `statevar.grad` or `statevar.stateless_call` at a write
-    under a nested transformation to a variable without a ref; the call traces again with
-    refs for the frame's `Frame.wanted_refs`."""
+    """Stops the trace owned by a `statevar.grad` or `statevar.stateless_call` frame (one
+    not inside `statevar.jit`'s) at a write under a nested transformation to a variable
+    without a ref; that call traces again with refs for the frame's `Frame.wanted_refs`."""
 
 
 def _innermost_stateless(stack: list[Frame]) -> int:
@@ -255,7 +257,7 @@ def enclosing_vmap() -> Any | None:
     """The innermost `jax.vmap` trace the current trace runs under, or None."""
     trace = find_top_trace(())
     while trace is not None:
-        if type(trace).__name__ == "BatchTrace":
+        if _is_vmap(trace):
             return trace
         trace = getattr(trace, "parent_trace", None)
     return None
@@ -269,7 +271,7 @@ def _traced_for(trace: Any) -> str | None:
 def describe(trace: Any) -> str:
     """Names the JAX transformation ``trace`` traces for, as messages show it."""
     kind = type(trace).__name__
-    if kind == "BatchTrace":
+    if _is_vmap(trace):
         return "jax.vmap"
     if kind in ("JVPTrace", "LinearizeTrace"):
         return "jax.grad (or another JAX differentiation)"
@@ -277,12 +279,15 @@ def describe(trace: Any) -> str:
     return _TRANSFORMATION_NAMES.get(traced_for or "", traced_for or "a JAX transformation")
 
 
+def _is_vmap(trace: Any) -> bool:
+    return type(trace).__name__ == "BatchTrace"
+
+
 def _cannot_carry_refs(trace: Any) -> bool:
-    """Whether JAX fails on a ref's effects inside ``trace``: `jax.vmap` of a cond, switch or
-    while loop, and `jax.lax.custom_linear_solve` (under ``jax.scipy.sparse.linalg.cg``)."""
-    return type(trace).__name__ == "BatchTrace" or (_traced_for(trace) or "").startswith(
-        "custom_linear_solve"
-    )
+    """Whether a ref is read outside ``trace`` rather than in it: under `jax.vmap` (where
+    JAX cannot carry a ref into a cond, switch or while loop) and in
+    `jax.lax.custom_linear_solve` (under ``jax.scipy.sparse.linalg.cg``)."""
+    return _is_vmap(trace) or (_traced_for(trace) or "").startswith("custom_linear_solve")
 
 
 def _read_level(frame: Frame) -> Any | None:
@@ -314,7 +319,7 @@ def _check_nested_write(frame: Frame, var: Variable, operation: str, has_ref: bo
         type(trace).__name__ in ("JVPTrace", "LinearizeTrace") for trace in traces
     )
     for trace in traces:
-        if type(trace).__name__ == "BatchTrace":
+        if _is_vmap(trace):
             raise TraceContextError(
                 f"Cannot {operation} Variable '{var.name}' inside jax.vmap: a variable holds "
                 "one value, not one per batch element. Return the new values from the "

@@ -558,7 +558,8 @@ class Variable(RefusedInPlace, Readable):
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
 
         Raises:
-          IndexError: if the index is out of range.
+          IndexError: if the index is out of range, or is a boolean traced inside a compiled
+            function (its selection is known only when the step runs).
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
         index = self._placed_index(unwrap_index(index))
@@ -579,9 +580,10 @@ class Variable(RefusedInPlace, Readable):
             # NumPy reads a 0-d boolean as a new axis that selects everything (True) or
             # nothing (False).
             if not all(bool(part) for part in parts if _is_scalar_mask(part)):
+                action = f"Cannot {SETITEM.phrase} Variable '{self.name}'"
                 target = self._indexed_shape(index)
-                convert_for_update(read_operand(value), self._value, self.name, SETITEM, target)
-                return
+                convert(read_operand(value), self.dtype, action, target, "indexed part")
+                return  # nothing selected: the value checked, nothing to change
             index = tuple(None if _is_scalar_mask(part) else part for part in parts)
         static, dynamic = _update.split_index(index)
         if not any(isinstance(part, Tracer) for part in dynamic):
@@ -799,18 +801,22 @@ class Variable(RefusedInPlace, Readable):
 jax.tree_util.register_pytree_node_class(Variable)
 
 
-def _is_mask(part: Any) -> bool:
+def _boolean_rank(part: Any) -> int | None:
+    """The rank of a concrete boolean index part (0 for ``True`` or ``np.True_``); None for
+    anything else."""
+    if isinstance(part, (bool, np.bool_)):
+        return 0
     is_array = is_concrete_array(part) or isinstance(part, np.ndarray)
-    return is_array and part.dtype == np.bool_ and part.ndim > 0
+    return part.ndim if is_array and part.dtype == np.bool_ else None
+
+
+def _is_mask(part: Any) -> bool:
+    rank = _boolean_rank(part)
+    return rank is not None and rank > 0
 
 
 def _is_scalar_mask(part: Any) -> bool:
-    """Whether an index part is a concrete 0-d boolean (``True``, ``np.True_``, a 0-d
-    boolean array)."""
-    if isinstance(part, (bool, np.bool_)):
-        return True
-    is_array = is_concrete_array(part) or isinstance(part, np.ndarray)
-    return is_array and part.dtype == np.bool_ and part.ndim == 0
+    return _boolean_rank(part) == 0
 
 
 def _masks_to_indices(index: Any) -> Any:

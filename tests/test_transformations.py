@@ -339,6 +339,25 @@ def test_an_eager_while_loop_whose_cond_fun_reads_what_its_body_writes_is_refuse
     assert float(v) == 0.0
 
 
+def test_a_nested_eager_grad_leaves_a_nested_write_to_the_frame_owning_it():
+    # The inner grad is not the frame that makes refs: the outer call traces again.
+    w = statevar.Variable(2.0, name="w")
+    count = statevar.Variable(0.0, trainable=False, name="count")
+
+    def inner_loss():
+        jax.lax.cond(True, lambda: _none(count.assign_add(1.0)), lambda: None)
+        return w * w * w
+
+    def inner_grad():
+        return statevar.grad(inner_loss, w)()
+
+    gradient, (new_count,) = statevar.stateless_call(inner_grad, [count], [jnp.float32(5.0)])
+    assert (float(gradient), float(new_count), float(count)) == (12.0, 6.0, 0.0)
+
+    second = statevar.grad(inner_grad, w)()  # d/dw of 3 w**2
+    assert (float(second), float(count)) == (12.0, 1.0)
+
+
 def test_a_variable_read_in_a_while_cond_fun_and_assigned_in_the_body_is_refused():
     v = statevar.Variable(0.0, name="v")
 
