@@ -210,20 +210,6 @@ def _check_initial_value(label: str, initial_value: Any) -> None:
         )
 
 
-def _initial_array(label: str, initial_value: Any, dtype: Any) -> jax.Array:
-    """Returns a strongly typed copy of ``initial_value`` with ``dtype`` (inferred as JAX
-    infers it when None), on JAX's default device, converted by the rules of an assign.
-
-    Raises:
-      DtypeMismatchError: if ``dtype`` is not a numeric dtype, the value is not numeric, or
-        the conversion would lose information (a float into int32, 300 into int8).
-    """
-    target = initial_dtype(initial_value, dtype, label)
-    value, _ = convert(initial_value, target, f"Cannot create Variable '{label}'")
-    # An explicit dtype gives a strongly typed array: a variable's dtype is fixed.
-    return jnp.array(value, dtype=target, copy=True)
-
-
 def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     # A local device: under jax.distributed, another process's devices come first in
     # jax.devices() on every process but the first.
@@ -398,12 +384,13 @@ class Variable(RefusedInPlace, Readable):
         device, sharding = _placement_request(label, device, sharding)
         initial_value, target = _evaluate_initializer(label, initial_value, sharding, device)
         _check_initial_value(label, initial_value)
+        dtype = initial_dtype(initial_value, dtype, label)
+        initial_value, shape = convert(initial_value, dtype, f"Cannot create Variable '{label}'")
         if target is None:
             # Checked before anything is copied to a device: a bad request changes nothing.
-            target = _target_sharding(
-                label, np.shape(initial_value), sharding, device, initial_value
-            )
-        value = _initial_array(label, initial_value, dtype)
+            target = _target_sharding(label, shape, sharding, device, initial_value)
+        # A strongly typed copy (an explicit dtype): a variable's dtype is fixed.
+        value = jnp.array(initial_value, dtype=dtype, copy=True)
         self._name = name
         self._trainable = bool(not on_read if trainable is None else trainable)
         if synchronization != "auto" or aggregation != "none":

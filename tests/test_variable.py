@@ -142,6 +142,7 @@ def test_creation_from_a_numpy_array_copies_it():
         (None, r"Cannot create Variable 'bad' from NoneType None"),
         (object(), r"Cannot create Variable 'bad' from object"),
         (["abc", "def"], r"Cannot create Variable 'bad' from list"),
+        ([[1.0], [1.0, 2.0]], r"Cannot create Variable 'bad' from list .*inhomogeneous"),
     ],
 )
 def test_non_numeric_initial_value_raises_type_error(initial_value, match):
