@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _trace
 from ._errors import (
     CheckpointCorruptedError,
     CheckpointMismatchError,
@@ -164,6 +165,20 @@ def _write_data(path: pathlib.Path, arrays: dict[str, jax.Array]) -> None:
         checkpointer.close()
 
 
+def check_untraced(action: str) -> None:
+    """Refuses a checkpoint's ``action`` (``"save"``, ``"restore"``) inside a compiled or
+    differentiated function, where the variables' values are only traced.
+
+    Raises:
+      TraceContextError: if a statevar transformation traces.
+    """
+    _trace.check_outside(
+        f"{action} a checkpoint",
+        "a checkpoint reads or writes files when it is called, while here the variables' "
+        "values are only being traced. Call it between calls of the compiled step.",
+    )
+
+
 def save(directory: PathLike, target: Any) -> None:
     """Saves the target's variables to ``directory``, atomically, replacing what is there.
 
@@ -195,6 +210,8 @@ def save(directory: PathLike, target: Any) -> None:
         containers.
       ValueError: if two different variables have the same name, or an Optimizer has no
         state yet (it was never built).
+      TraceContextError: if called inside `statevar.jit`, `statevar.grad` or
+        `stateless_call`.
 
     Example:
       >>> import tempfile, statevar
@@ -208,6 +225,7 @@ def save(directory: PathLike, target: Any) -> None:
       >>> w
       <Variable 'w' shape=(2,) dtype=float32, numpy=array([1., 2.], dtype=float32)>
     """
+    check_untraced("save")
     entries, arrays = _snapshot(_named_variables(target))
     checkpoint = pathlib.Path(directory).absolute()
     checkpoint.mkdir(parents=True, exist_ok=True)
@@ -426,7 +444,7 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
         missing from the checkpoint or unexpected in it (only when ``partial`` is False), or
         no name is shared at all; the message names every offending variable.
       CheckpointCorruptedError: (a ValueError) if the manifest or the data is damaged.
-      TypeError, ValueError: as `save`, for the target.
+      TypeError, ValueError, TraceContextError: as `save`.
 
     Example:
       >>> import tempfile, statevar
@@ -439,6 +457,7 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
       >>> int(step), float(extra)
       (1, 0.5)
     """
+    check_untraced("restore")
     return _restore(pathlib.Path(directory).absolute(), target, partial, str(directory))
 
 

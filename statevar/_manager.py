@@ -26,6 +26,7 @@ from ._checkpoint import (
     _orbax,
     _restore,
     _snapshot,
+    check_untraced,
     sync_processes,
 )
 from ._errors import CheckpointExistsError, CheckpointNotFoundError
@@ -123,6 +124,7 @@ class CheckpointManager:
           CheckpointExistsError: (a FileExistsError) if ``step`` already holds a complete
             checkpoint; steps are never overwritten.
         """
+        check_untraced("save")
         if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
             raise TypeError(f"Expected the step to be an int, got {type(step).__name__}")
         step = int(step)
@@ -209,6 +211,7 @@ class CheckpointManager:
             complete checkpoint; the message lists the steps there are.
           CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
         """
+        check_untraced("restore")
         steps = self.all_steps()
         if step is None:
             if not steps:

@@ -369,15 +369,26 @@ def check_creation(name: str) -> None:
     """Refuses to create a variable while a transformation traces.
 
     Raises:
-      TraceContextError: if a `statevar.jit` or `statevar.grad` frame is open.
+      TraceContextError: if a `statevar.jit`, `statevar.grad` or `stateless_call` frame is
+        open.
+    """
+    check_outside(
+        f"create Variable '{name}'",
+        "variables hold state across calls, so create them once, outside the transformed "
+        "function, and assign to them inside it (as tf.function requires).",
+    )
+
+
+def check_outside(action: str, reason: str) -> None:
+    """Refuses ``action`` while a statevar transformation traces, saying ``reason``.
+
+    Raises:
+      TraceContextError: if a `statevar.jit`, `statevar.grad` or `stateless_call` frame is
+        open.
     """
     frame = innermost()
     if frame is not None:
         where = {"jit": "statevar.jit", "grad": "statevar.grad"}.get(
             frame.kind, "statevar.stateless_call"
         )
-        raise TraceContextError(
-            f"Cannot create Variable '{name}' inside {where}: variables hold state across "
-            "calls, so create them once, outside the transformed function, and assign to "
-            "them inside it (as tf.function requires)."
-        )
+        raise TraceContextError(f"Cannot {action} inside {where}: {reason}")

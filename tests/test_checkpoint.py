@@ -66,6 +66,41 @@ def rewrite_manifest(directory, edit):
     path.write_text(json.dumps(manifest))
 
 
+_INSIDE = {
+    "save": lambda directory, v: statevar.save(directory / "inside", v),
+    "restore": lambda directory, v: statevar.restore(directory / "saved", v),
+    "manager-save": lambda directory, v: statevar.CheckpointManager(directory / "m").save(1, v),
+    "manager-restore": lambda directory, v: statevar.CheckpointManager(
+        directory / "managed"
+    ).restore(v),
+}
+
+
+@pytest.mark.parametrize(
+    "transform", [statevar.jit, lambda f: statevar.grad(f, [])], ids=["jit", "grad"]
+)
+@pytest.mark.parametrize("call", _INSIDE.values(), ids=_INSIDE.keys())
+def test_save_and_restore_inside_a_traced_function_are_refused_by_name(tmp_path, call, transform):
+    v = statevar.Variable(1.0, name="v")
+    statevar.save(tmp_path / "saved", v)
+    statevar.CheckpointManager(tmp_path / "managed").save(0, v)
+    v.assign(2.0)
+
+    def step():
+        call(tmp_path, v)
+        return v * 1.0
+
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot (save|restore) a checkpoint inside statevar\.(jit|grad): .* between calls",
+    ):
+        transform(step)()
+    assert float(v) == 2.0
+    assert not (tmp_path / "inside").exists() and not (tmp_path / "m").exists()
+    statevar.restore(tmp_path / "saved", v)  # the checkpoint is fine
+    assert float(v) == 1.0
+
+
 # --------------------------------------------------------------------------- round trips
 
 
