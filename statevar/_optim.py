@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import operator
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -20,7 +21,16 @@ from ._jit import jit
 from ._optimizer_state import legacy_order, state_layout, state_names, unique
 from ._placement import is_multi_device, replicated
 from ._state import live_optimizers
-from ._tree import is_differentiable, is_variable, iter_variables, not_a_variable, variable_tree
+from ._tree import (
+    Node,
+    Structure,
+    is_differentiable,
+    is_variable,
+    iter_variables,
+    not_a_variable,
+    variable_tree,
+    variables_and_structure,
+)
 from ._variable import Variable
 
 _LEARNING_RATE = "learning_rate"
@@ -129,6 +139,9 @@ class Optimizer:
         self._full_structure: Any = None
         self._shapes: list[tuple[int, ...]] = []
         self._spread = False
+        # The Module the Optimizer was built for (weakly) and how its variables were found:
+        # `apply` refuses to update variables the Module no longer holds.
+        self._module: tuple[weakref.ref[Node], Structure] | None = None
         # The variables `apply` has warned about getting no gradient for.
         self._warned_no_gradient: set[Variable] = set()
         live_optimizers.add(self)
@@ -165,6 +178,7 @@ class Optimizer:
             )
         leaves, self._treedef = jax.tree.flatten(tree, is_leaf=is_variable)
         self._leaves = tuple(leaves)
+        self._watch(variables)
         self._params = tuple(dict.fromkeys(v for v in leaves if is_differentiable(v)))
         first_name: dict[Variable, str] = {}
         for name, variable in iter_variables(variables, "the Optimizer's variables"):
@@ -222,6 +236,35 @@ class Optimizer:
             for outer, _, _ in layout
         )
         return self._state[i], scheduled
+
+    def _watch(self, variables: Any) -> None:
+        """Records the Module the Optimizer is built for, if it is one (see `_check_held`)."""
+        if isinstance(variables, Node):
+            self._module = (weakref.ref(variables), variables_and_structure(variables)[1])
+
+    def _check_held(self) -> None:
+        """Refuses to apply gradients once the Module the Optimizer was built for no longer
+        holds a variable it optimizes (``model.kernel = Variable(...)``): the update would go
+        to the detached variable and the model would not train.
+
+        Raises:
+          ValueError: naming the variables the Module no longer holds.
+        """
+        if self._module is None or self._module[1].unchanged():
+            return
+        module = self._module[0]()
+        if module is None:
+            return  # the Module is gone; the variables are the Optimizer's own
+        held = {v for _, v in iter_variables(module, "the Optimizer's Module")}
+        lost = [n for n, v in zip(self._param_names, self._params, strict=True) if v not in held]
+        if lost:
+            raise ValueError(
+                f"Cannot apply gradients with Optimizer '{self._name}': the Module it was built "
+                f"for no longer holds the variables it optimizes at {', '.join(map(repr, lost))} "
+                "(they were replaced). Create a new Optimizer for the Module (or copy the new "
+                "values into the old variables with assign)."
+            )
+        self._watch(module)  # other variables changed: watch the Module as it is now
 
     def _require_built(self, action: str) -> None:
         if not self._built:
@@ -330,6 +373,7 @@ class Optimizer:
           TypeError: if a gradient is not an array.
         """
         self._require_built("apply gradients with")
+        self._check_held()
         if self._full_structure is not None:
             # The common case, checked in C: every optimized variable has an array gradient
             # of its shape, and every other slot holds None.
@@ -476,7 +520,13 @@ class Optimizer:
         duplicate = object.__new__(type(self))
         memo[id(self)] = duplicate
         for key, value in vars(self).items():
-            setattr(duplicate, key, copy.deepcopy(value, memo))
+            if key != "_module":
+                setattr(duplicate, key, copy.deepcopy(value, memo))
+        # The copy watches the copy of the Module, when that was copied with it.
+        duplicate._module = None
+        module = self._module[0]() if self._module is not None else None
+        if module is not None and id(module) in memo:
+            duplicate._watch(memo[id(module)])
         live_optimizers.add(duplicate)
         return duplicate
 

@@ -178,6 +178,51 @@ def test_a_deep_copy_of_an_optimizer_updates_the_copied_variables():
     chex.assert_trees_all_close(duplicate.variables[0].value, jnp.array([0.0, 1.0]))
 
 
+def _loss(model):
+    return jnp.sum(model(X) ** 2)
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, statevar.jit], ids=["eager", "jit"])
+def test_applying_after_the_module_replaced_an_optimized_variable_is_refused_by_name(transform):
+    model = Linear()
+    opt = statevar.Optimizer(optax.sgd(0.1), model)
+    detached = model.kernel
+    model.kernel = statevar.Variable(jnp.ones((2, 2)))
+
+    step = transform(lambda: opt.apply(statevar.grad(lambda: _loss(model), model)()))
+    with pytest.raises(ValueError, match=r"Optimizer 'optimizer': the Module .* at 'kernel'"):
+        step()
+
+    chex.assert_trees_all_close(model.kernel.value, jnp.ones((2, 2)))
+    chex.assert_trees_all_close(detached.value, jnp.array([[1.0, -2.0], [0.5, 3.0]]))
+    chex.assert_trees_all_close(model.bias.value, jnp.array([0.1, -0.1]))
+
+
+def test_replacing_a_variable_the_optimizer_does_not_update_is_fine():
+    model = Linear()
+    opt = statevar.Optimizer(optax.sgd(0.1), model)
+    model.steps = statevar.Variable(5, trainable=False, name="steps")
+
+    for _ in range(2):  # and the Module is watched as it is now
+        opt.apply(statevar.grad(lambda: _loss(model), model)())
+
+    assert int(opt.iterations) == 2
+
+
+def test_a_model_and_its_optimizer_copied_together_watch_each_other():
+    model = Linear()
+    opt = statevar.Optimizer(optax.sgd(0.1), model)
+    model_copy, opt_copy = copy.deepcopy((model, opt))
+    model.kernel = statevar.Variable(jnp.ones((2, 2)))  # the original only
+
+    opt_copy.apply(statevar.grad(lambda: _loss(model_copy), model_copy)())
+    with pytest.raises(ValueError, match="no longer holds"):
+        opt.apply(statevar.grad(lambda: _loss(model), model)())
+    model_copy.bias = statevar.Variable([0.0, 0.0])
+    with pytest.raises(ValueError, match="at 'bias'"):
+        opt_copy.apply(statevar.grad(lambda: _loss(model_copy), model_copy)())
+
+
 def test_optimizer_name_must_be_a_string():
     with pytest.raises(TypeError, match="Expected the Optimizer's name to be a str, got int"):
         statevar.Optimizer(optax.sgd(0.1), statevar.Variable(1.0), name=3)
