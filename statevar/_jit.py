@@ -113,6 +113,15 @@ class JitFunction:
                     f"statevar.jit does not take {forbidden}: it donates the variables' "
                     "buffers itself; pass arrays you want donated as Variables instead"
                 )
+        for forbidden in ("in_shardings", "out_shardings"):
+            if forbidden in jit_kwargs:
+                # They would apply to the compiled step's own arguments and outputs (the
+                # variables' arrays first), not to the function's.
+                raise TypeError(
+                    f"statevar.jit does not take {forbidden}: variables keep their own "
+                    "shardings. Place arguments with jax.device_put before the call, and "
+                    "results with jax.lax.with_sharding_constraint inside the function"
+                )
         static = jit_kwargs.pop("static_argnums", ())
         static = (static,) if isinstance(static, int) else tuple(static)
         names = jit_kwargs.pop("static_argnames", ())

@@ -701,6 +701,13 @@ def test_donate_argnums_is_refused():
         statevar.jit(lambda x: x, donate_argnums=0)
 
 
+@pytest.mark.parametrize("keyword", ["in_shardings", "out_shardings"])
+def test_shardings_for_the_compiled_step_are_refused(keyword):
+    # jax.jit's would apply to the step's own arguments and outputs, not the function's.
+    with pytest.raises(TypeError, match=f"statevar.jit does not take {keyword}: variables"):
+        statevar.jit(lambda x: x, **{keyword: None})
+
+
 def test_plain_jax_jit_assigning_a_variable_is_a_clear_error_and_keeps_the_value():
     v = statevar.Variable([1.0, 2.0], name="weights")
 
