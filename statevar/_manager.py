@@ -125,11 +125,7 @@ class CheckpointManager:
             checkpoint; steps are never overwritten.
         """
         check_untraced("save")
-        if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
-            raise TypeError(f"Expected the step to be an int, got {type(step).__name__}")
-        step = int(step)
-        if step < 0:
-            raise ValueError(f"Expected the step to be non-negative, got {step}")
+        step = _checked_step(step)
         if step in self.all_steps():
             raise CheckpointExistsError(
                 f"Cannot save step {step} to {self._shown!r}: that step already holds a "
@@ -209,6 +205,7 @@ class CheckpointManager:
         Raises:
           CheckpointNotFoundError: (a FileNotFoundError) if ``step`` is given and holds no
             complete checkpoint; the message lists the steps there are.
+          TypeError, ValueError: if ``step`` is not a non-negative int.
           CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
         """
         check_untraced("restore")
@@ -224,13 +221,28 @@ class CheckpointManager:
                 )
                 return None
             step = steps[-1]
-        elif step not in steps:
+        elif _checked_step(step) not in steps:
             raise CheckpointNotFoundError(
                 f"Checkpoint directory {self._shown!r} has no complete step {step}; the steps "
                 f"there are {steps}"
             )
+        step = int(step)
         shown = os.path.join(self._shown, str(step))
         return _restore(self._directory / str(step), target, partial, shown, step)
 
     def __repr__(self) -> str:
         return f"CheckpointManager({self._shown!r}, max_to_keep={self._max_to_keep})"
+
+
+def _checked_step(step: Any) -> int:
+    """Returns ``step`` as an int.
+
+    Raises:
+      TypeError: if it is not an int (a bool, a float such as 5.0).
+      ValueError: if it is negative.
+    """
+    if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
+        raise TypeError(f"Expected the step to be an int, got {type(step).__name__} {step!r}")
+    if step < 0:
+        raise ValueError(f"Expected the step to be non-negative, got {step}")
+    return int(step)

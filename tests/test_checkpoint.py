@@ -606,14 +606,24 @@ def test_manager_refuses_to_overwrite_a_step(tmp_path):
 @pytest.mark.parametrize(
     ("step", "error", "message"),
     [
-        ("3", TypeError, "step to be an int, got str"),
+        ("3", TypeError, "step to be an int, got str '3'"),
         (True, TypeError, "got bool"),
+        (5.0, TypeError, "got float 5.0"),
         (-1, ValueError, "non-negative, got -1"),
     ],
 )
-def test_manager_rejects_a_bad_step(tmp_path, step, error, message):
+@pytest.mark.parametrize("action", ["save", "restore"])
+def test_manager_rejects_a_bad_step(tmp_path, step, error, message, action):
+    manager = statevar.CheckpointManager(tmp_path)
+    v = statevar.Variable(1.0)
+    manager.save(5, v)
+    v.assign(2.0)
     with pytest.raises(error, match=message):
-        statevar.CheckpointManager(tmp_path).save(step, statevar.Variable(1.0))
+        if action == "save":
+            manager.save(step, v)
+        else:
+            manager.restore(v, step)
+    assert float(v) == 2.0 and manager.all_steps() == [5]
 
 
 def test_manager_accepts_a_numpy_integer_step(tmp_path):
