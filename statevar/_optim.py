@@ -16,7 +16,6 @@ import optax
 from jax.core import Tracer
 
 from . import _trace
-from ._errors import TraceContextError
 from ._jit import jit
 from ._optimizer_state import legacy_order, state_layout, state_names, unique
 from ._placement import is_multi_device, replicated
@@ -170,12 +169,11 @@ class Optimizer:
                 "variables; create another Optimizer for other variables"
             )
         tree = variable_tree(variables, "the Optimizer's variables")
-        if _trace.innermost() is not None:
-            raise TraceContextError(
-                f"Cannot build Optimizer '{self._name}' inside statevar.jit or statevar.grad: "
-                "its state variables must be created outside. Build it before the compiled "
-                "step: Optimizer(tx, model), or optimizer.build(model.trainable_variables)"
-            )
+        _trace.check_outside(
+            f"build Optimizer '{self._name}'",
+            "its state variables must be created outside. Build it before the compiled "
+            "step: Optimizer(tx, model), or optimizer.build(model.trainable_variables)",
+        )
         leaves, self._treedef = jax.tree.flatten(tree, is_leaf=is_variable)
         self._leaves = tuple(leaves)
         self._watch(variables)
@@ -255,7 +253,8 @@ class Optimizer:
         module = self._module[0]()
         if module is None:
             return  # the Module is gone; the variables are the Optimizer's own
-        held = {v for _, v in iter_variables(module, "the Optimizer's Module")}
+        variables, structure = variables_and_structure(module)
+        held = set(variables)  # by identity: `Variable.__eq__` is elementwise
         lost = [n for n, v in zip(self._param_names, self._params, strict=True) if v not in held]
         if lost:
             raise ValueError(
@@ -264,7 +263,7 @@ class Optimizer:
                 "(they were replaced). Create a new Optimizer for the Module (or copy the new "
                 "values into the old variables with assign)."
             )
-        self._watch(module)  # other variables changed: watch the Module as it is now
+        self._module = (self._module[0], structure)  # only others changed: watch it as it is
 
     def _require_built(self, action: str) -> None:
         if not self._built:
