@@ -17,11 +17,12 @@ from . import _placement, _state, _trace, _variable
 from ._closure import closure_variables
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError
-from ._jit_cache import Box, Cache, Entry, Found, reference, store, warm_call
+from ._jit_cache import Box, Cache, Entry, Found, reference, store
 from ._signals import held_signals
 from ._tree import Node, Structure, is_state, variables_and_structure
 from ._typing import Compiled, Params, Result
 from ._variable import Variable
+from ._warm_call import warm_call
 
 _compile_epoch = _state.compile_epoch  # a one-item list, changed in place
 _concrete_argument_types = _state.concrete_argument_types  # a set, added to in place
@@ -102,7 +103,7 @@ class JitFunction:
     Created by `statevar.jit`, which returns a function calling it. A call is split
     (`split_call`) into the key of its compiled form, its array arguments and its state;
     the `Cache` gives the entry for the key (compiling one on first use); an entry that has
-    run takes its lean warm call, JAX's C++ fast path (see `_jit_cache.warm_call`), and
+    run takes its lean warm call, JAX's C++ fast path (see `_warm_call`), and
     any other goes through `_run`, which traces it first.
     """
 
@@ -442,8 +443,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if not kwargs and not _state.open_trace_frames:
-            types = tuple(map(type, args))
-            if accepts(types):
+            if accepts(map(type, args)):
                 # Fast path for the common step(x, y): only concrete arrays and scalars, so
                 # the key needs no flatten and no argument can be a tracer. Only calls
                 # without variables, modules or static arguments are compiled under it.
@@ -456,7 +456,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
             else:
                 # Fast path for step(model, x) and methods: arrays, Variables and Modules
                 # seen before, as long as the Modules still hold the same objects.
-                indexed = find(types, args)
+                indexed = find(tuple(map(type, args)), args)
                 if indexed is not None:
                     key, entry, dynamic = indexed
                     warm = entry.call

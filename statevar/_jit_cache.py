@@ -27,25 +27,20 @@ import itertools
 import sys
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
 from . import _state, _trace, _update, _variable
-from ._convert import Tracer
 from ._tree import Node, Structure, read_variables
 from ._variable import Variable
 
-if TYPE_CHECKING:
-    from ._jit import JitFunction
-
-# Bound once: the warm call is the hot path of a compiled step.
+# Bound once: `store` runs on every first call, `Entry.arrays` on every trace.
 _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
 _consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
 _flatten = itertools.chain.from_iterable
 _starmap = itertools.starmap
 _setattr = setattr
-_acquire, _release = _state.update_lock.acquire, _state.update_lock.release
 _compile_epoch = _state.compile_epoch  # a one-item list, changed in place
 _ARRAY_ATTRIBUTE = _variable.ARRAY_ATTRIBUTE
 
@@ -85,7 +80,7 @@ class _Traced:
 
 class Box:
     """Receives a compiled call's result, stored by the same C call chain as the variables'
-    new arrays (see `warm_call`)."""
+    new arrays (see `store`)."""
 
     __slots__ = ("value",)
 
@@ -212,80 +207,6 @@ def store(entry: Entry, box: Box, arrays: list[jax.Array], dynamic: tuple) -> No
             _flatten(_starmap(entry.jitted, ((arrays, dynamic),))),
         )
     )
-
-
-def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple], Any]:
-    """Returns the lean call of an entry that has run: the hot path of a compiled step.
-
-    It does what `JitFunction._run` does, with everything fixed between calls bound once:
-    the variables, the compiled function, where its outputs go (the variables, then a
-    result box that every call reuses, read and cleared under the lock). It holds neither
-    the entry nor the function (a reference cycle would free them only when the garbage
-    collector runs), and hands the call to the function's `_run` when any trainable flag
-    or sharding changed (a new epoch) or JAX traced the step again for new argument shapes
-    and that trace found variables to lift.
-    """
-    function_ref = weakref.ref(function)
-    lifted, jitted, traced = entry.lifted, entry.jitted, entry._traced
-    epoch = entry.epoch
-    box = Box()
-    targets = (*lifted, box)
-    attributes = (_ARRAY_ATTRIBUTE,) * len(lifted) + ("value",)
-    first = lifted[0] if lifted else None
-    unshared = _SOLE_HOLDER_IN_MAP * len(lifted)  # the sum of the counts when nothing is shared
-
-    def call(dynamic: tuple[Any, ...]) -> Any:
-        if _compile_epoch[0] != epoch:
-            return _hand_back(function_ref, key, dynamic)
-        # Acquired inside the try, so that an exception landing right after acquiring still
-        # releases (see `Variable.assign`).
-        try:
-            _acquire()
-            arrays = originals = [v._value for v in lifted]
-            found = traced.found
-            try:
-                if sum(map(_getrefcount, arrays)) > unshared:
-                    arrays = _update.copy_shared(originals)  # fails on a deleted array
-                # As `store`, with the targets bound once.
-                _consume(
-                    map(
-                        _setattr,
-                        targets,
-                        attributes,
-                        _flatten(_starmap(jitted, ((arrays, dynamic),))),
-                    )
-                )
-            except Exception as error:
-                failed = function_ref()._failed_call  # type: ignore[union-attr]
-                raise failed(lifted, arrays, error, dynamic) from error
-            result, box.value = box.value, None
-            # What the trace JAX may have made inside this call found (read under the lock:
-            # another thread's call may trace again once it is released).
-            retraced = traced.found
-            if first is not None and isinstance(first._value, Tracer):
-                # Called inside jax.jit without traced arguments: traced, nothing donated.
-                # (Copies made of shared arrays are tracers too: put back the variables' own.)
-                _consume(map(_setattr, lifted, attributes, originals))
-                raise function_ref()._under_transformation()  # type: ignore[union-attr]
-        finally:
-            try:
-                _release()
-            except RuntimeError:
-                pass  # acquire itself was interrupted while waiting: nothing to release
-        if retraced is not found and retraced.needs_retrace:  # type: ignore[union-attr]
-            # JAX traced again for new shapes, and that trace gave every variable back
-            # unchanged: run the call again on an entry lifting what it found.
-            return _hand_back(function_ref, key, dynamic)
-        return result
-
-    return call
-
-
-def _hand_back(function_ref: weakref.ref[JitFunction], key: Any, dynamic: tuple[Any, ...]) -> Any:
-    """Runs a call through the function's general `JitFunction._run`."""
-    function = function_ref()
-    assert function is not None  # it holds the cache that holds the calling entry
-    return function._run(key, function._cache.entries[key], dynamic)
 
 
 def reference(argument: Any) -> Callable[[], Any]:

@@ -1,0 +1,154 @@
+"""The warm call of a compiled step: its hot path, written out for its number of variables.
+
+A warm call reads the lifted variables' arrays, calls the compiled step (JAX's C++ fast
+path), and stores each variable's new array and the result. Its cost is what
+`statevar.jit` adds to a step over hand-written ``jax.jit``, so it is made of as few and
+as cheap operations as the guarantees allow. `warm_call` builds it from `_TEMPLATE`,
+written out for the entry's number of variables (as `dataclasses` writes out ``__init__``):
+
+- the arrays are read by one list display, ``[v0._value, v1._value, ...]``;
+- the outputs are stored by one unpacking assignment,
+  ``((v0._value, v1._value, ..., result),) = starmap(jitted, ((arrays, dynamic),))``.
+
+Measured on an MLP step, this is 10% faster than looping over the variables with
+``setattr`` in C, and the unpacking is what makes the step atomic: the assignment consumes
+the iterator, which makes the call, and then stores every output, and Python checks for
+signals at calls and backward jumps only, so no exception (``KeyboardInterrupt``, a signal
+handler's) can land between the donation and the stores.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import sys
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import _state, _update, _variable
+from ._convert import Tracer
+from ._variable import Variable
+
+if TYPE_CHECKING:
+    from ._jit import JitFunction
+    from ._jit_cache import Entry
+
+# The template's comments are in the module docstring; its names are `_NAMESPACE`'s.
+_TEMPLATE = """
+def make(variables, jitted, traced, epoch, unshared, function_ref, key):
+    ({unpack}) = variables
+
+    def call(dynamic):
+        if _compile_epoch[0] != epoch:
+            return _hand_back(function_ref, key, dynamic)
+        try:
+            _acquire()
+            arrays = originals = [{reads}]
+            found = traced.found
+            try:
+                if _sum(_map(_getrefcount, arrays)) > unshared:
+                    arrays = _copy_shared(originals)
+                (({stores}result,),) = _starmap(jitted, ((arrays, dynamic),))
+            except Exception as error:
+                raise _failed(function_ref, variables, arrays, error, dynamic) from error
+            retraced = traced.found
+            if {first_is_tracer}:
+                _put_back(variables, originals)
+                raise function_ref()._under_transformation()
+        finally:
+            try:
+                _release()
+            except RuntimeError:
+                pass
+        if retraced is not found and retraced.needs_retrace:
+            return _hand_back(function_ref, key, dynamic)
+        return result
+
+    return call
+"""
+
+
+def _hand_back(function_ref: weakref.ref[JitFunction], key: Any, dynamic: tuple[Any, ...]) -> Any:
+    """Runs a call through the function's general `JitFunction._run`."""
+    function = function_ref()
+    assert function is not None  # it holds the cache that holds the calling entry
+    return function._run(key, function._cache.entries[key], dynamic)
+
+
+def _failed(
+    function_ref: weakref.ref[JitFunction],
+    variables: tuple[Variable, ...],
+    arrays: list,
+    error: Exception,
+    dynamic: tuple[Any, ...],
+) -> Exception:
+    function = function_ref()
+    assert function is not None  # as in `_hand_back`
+    return function._failed_call(variables, arrays, error, dynamic)
+
+
+def _put_back(variables: tuple[Variable, ...], arrays: list) -> None:
+    """Stores each variable's own array again: the step was traced inside ``jax.jit``
+    rather than run, and left tracers (copies made of shared arrays are tracers too)."""
+    for variable, array in zip(variables, arrays, strict=True):
+        setattr(variable, _variable.ARRAY_ATTRIBUTE, array)
+
+
+_NAMESPACE = {
+    "_compile_epoch": _state.compile_epoch,  # a one-item list, changed in place
+    "_acquire": _state.update_lock.acquire,
+    "_release": _state.update_lock.release,
+    "_sum": sum,
+    "_map": map,
+    "_getrefcount": sys.getrefcount,
+    "_copy_shared": _update.copy_shared,  # fails on a deleted array
+    "_starmap": itertools.starmap,
+    "_hand_back": _hand_back,
+    "_failed": _failed,
+    "_put_back": _put_back,
+    "_isinstance": isinstance,
+    "Tracer": Tracer,
+}
+
+
+@functools.cache
+def _factory(count: int) -> Callable[..., Callable[[tuple[Any, ...]], Any]]:
+    """The factory of warm calls for steps lifting ``count`` variables, compiled once."""
+    names = [f"v{i}" for i in range(count)]
+    attribute = _variable.ARRAY_ATTRIBUTE
+    source = _TEMPLATE.format(
+        unpack="".join(f"{name}, " for name in names),
+        reads=", ".join(f"{name}.{attribute}" for name in names),
+        stores="".join(f"{name}.{attribute}, " for name in names),
+        # Called inside jax.jit without traced arguments: traced, nothing donated.
+        first_is_tracer=f"_isinstance(v0.{attribute}, Tracer)" if count else "False",
+    )
+    defined: dict[str, Any] = {}
+    # Every warm call reads its names from `_NAMESPACE` itself, its globals.
+    exec(compile(source, f"<statevar warm call, {count} variables>", "exec"), _NAMESPACE, defined)
+    return defined["make"]
+
+
+def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple[Any, ...]], Any]:
+    """Returns the lean call of an entry that has run: the hot path of a compiled step.
+
+    It does what `JitFunction._run` does, with everything fixed between calls bound once:
+    the variables and the compiled function. Under the update lock, it donates the
+    variables' arrays (copies of those something else holds: arrays read earlier stay
+    valid) and stores every output, atomically (see the module docstring). It holds
+    neither the entry nor the function (a reference cycle would free them only when the
+    garbage collector runs), and hands the call to the function's `_run` when any
+    trainable flag or sharding changed (a new epoch) or JAX traced the step again for new
+    argument shapes and that trace found variables to lift.
+    """
+    lifted = entry.lifted
+    return _factory(len(lifted))(
+        lifted,
+        entry.jitted,
+        entry._traced,
+        entry.epoch,
+        _update.SOLE_HOLDER_IN_MAP * len(lifted),  # the sum of the counts when none is shared
+        weakref.ref(function),
+        key,
+    )
