@@ -96,7 +96,8 @@ class Entry:
       jitted: the `jax.jit` of the pure function.
       flags: `_variable.compile_flags` of ``lifted`` when traced; checked again whenever
         a trainable flag or a sharding changed anywhere (a new ``epoch``).
-      call: the lean warm call (see `warm_call`), once the entry has run; None before.
+      call: the lean warm call (see `_warm_call.warm_call`), once the entry has run; None
+        before.
     """
 
     __slots__ = ("lifted", "refs", "split", "extra", "jitted", "flags", "epoch", "call", "_traced")
@@ -195,9 +196,10 @@ def store(entry: Entry, box: Box, arrays: list[jax.Array], dynamic: tuple) -> No
     """Calls ``entry``'s compiled step, donating ``arrays``, and stores its outputs: each
     lifted variable's new array, then the result into ``box.value``.
 
-    The compiled call (JAX's C++ fast path once warm) and every store happen in one C call
-    chain, so no bytecode (where an exception such as KeyboardInterrupt can land) comes
-    between the donation and the stores.
+    The compiled call and every store happen in one C call chain, so no bytecode (where an
+    exception such as KeyboardInterrupt can land) comes between the donation and the
+    stores. A first call runs JAX's Python path, which runs Python code after donating:
+    the caller holds signal handlers around it (`_signals.held_signals`).
     """
     _consume(
         map(

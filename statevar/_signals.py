@@ -1,11 +1,11 @@
 """Holding Python's signal handlers while a donating call may run Python code.
 
 A donating call deletes the variable's old array before it returns the new one. On JAX's
-fast path the call runs in C++ and statevar stores the result in the same C call chain, so
-no bytecode (where Python runs signal handlers) comes between. The first call of a
-compiled update for new argument types takes JAX's Python path instead, where a
-``KeyboardInterrupt`` could land after the donation and before the result is returned;
-`held_signals` defers the handlers across that call.
+fast path the call runs in C++ and statevar stores the result with no bytecode (where
+Python runs signal handlers) in between. The first call of a compiled update for new
+argument types takes JAX's Python path instead, where a ``KeyboardInterrupt`` could land
+after the donation and before the result is returned; `held_signals` defers the handlers
+across that call.
 """
 
 from __future__ import annotations

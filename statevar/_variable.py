@@ -36,9 +36,9 @@ _acquire, _release = _update_lock.acquire, _update_lock.release
 _placement_settings = _state.placement_settings
 
 # The attribute holding a variable's array. `Variable._replace_array` stores a new array in
-# it; the one other store is `statevar.jit`'s compiled step (`_jit_cache.store` and
-# `warm_call`), which stores many variables' arrays at once through ``setattr`` in one C
-# call chain, so that no bytecode comes between the donating call and the stores.
+# it; the one other store is `statevar.jit`'s compiled step (`_jit_cache.store` on a first
+# call, `_warm_call` after), which stores many variables' arrays at once, with no bytecode
+# where an exception can land between the donating call and the stores.
 ARRAY_ATTRIBUTE = "_value"
 
 

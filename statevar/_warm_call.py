@@ -10,15 +10,22 @@ written out for the entry's number of variables (as `dataclasses` writes out ``_
 - the outputs are stored by one unpacking assignment,
   ``((v0._value, v1._value, ..., result),) = starmap(jitted, ((arrays, dynamic),))``.
 
-Measured on an MLP step, this is 10% faster than looping over the variables with
-``setattr`` in C, and the unpacking is what makes the step atomic: the assignment consumes
-the iterator, which makes the call, and then stores every output, and Python checks for
-signals at calls and backward jumps only, so no exception (``KeyboardInterrupt``, a signal
-handler's) can land between the donation and the stores.
+On an MLP step this costs 10% less than looping over the variables with ``setattr`` in C.
+
+The call is atomic with respect to exceptions raised at any bytecode (``KeyboardInterrupt``,
+a signal handler's) once JAX serves it from its C++ fast path: Python runs signal handlers
+only when a function is entered, after a call and at a backward jump, and the unpacking
+assignment consumes the iterator, which makes the call, then stores every output, with
+none of these in between. The first call with new argument types or shapes runs JAX's
+Python path inside the call, after donating: an interrupt landing there, within the
+~100 us that path takes once per new signature, loses the variables (see the README's
+known limits). Refusing that path (``jax_no_tracing``) would make JAX fall back to it for
+that signature on every later call.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import sys
@@ -35,12 +42,17 @@ if TYPE_CHECKING:
     from ._jit import JitFunction
     from ._jit_cache import Entry
 
-# The template's comments are in the module docstring. Its free names are globals of the
-# function made from it: `_NAMESPACE`'s, and the entry's own (see `warm_call`).
+_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
+
+# The template. Its free names are globals of the function made from it: `_NAMESPACE`'s,
+# and the entry's own (see `warm_call`).
 _TEMPLATE = """
 def call(dynamic):
     if _compile_epoch[0] != epoch:
+        # A trainable flag or a sharding changed somewhere: the general call checks them.
         return _hand_back(function_ref, key, dynamic)
+    # Acquired inside the try, so that an exception landing right after acquiring still
+    # releases.
     try:
         _acquire()
         arrays = originals = [{reads}]
@@ -51,16 +63,21 @@ def call(dynamic):
             (({stores}result,),) = _starmap(jitted, ((arrays, dynamic),))
         except Exception as error:
             raise _failed(function_ref, variables, arrays, error, dynamic) from error
+        # What a trace JAX made inside this call found, read under the lock: another
+        # thread's call may trace again once it is released.
         retraced = traced.found
         if {first_is_tracer}:
+            # Called inside jax.jit without traced arguments: traced, nothing donated.
             _put_back(variables, originals)
             raise function_ref()._under_transformation()
     finally:
         try:
             _release()
         except RuntimeError:
-            pass
+            pass  # acquire itself was interrupted while waiting: nothing to release
     if retraced is not found and retraced.needs_retrace:
+        # JAX traced again for new shapes, and that trace gave every variable back
+        # unchanged: run the call again on an entry lifting what it found.
         return _hand_back(function_ref, key, dynamic)
     return result
 """
@@ -80,16 +97,17 @@ def _failed(
     error: Exception,
     dynamic: tuple[Any, ...],
 ) -> Exception:
+    """The error to raise for a compiled call that failed (see `JitFunction._failed_call`)."""
     function = function_ref()
     assert function is not None  # as in `_hand_back`
     return function._failed_call(variables, arrays, error, dynamic)
 
 
 def _put_back(variables: tuple[Variable, ...], arrays: list) -> None:
-    """Stores each variable's own array again: the step was traced inside ``jax.jit``
-    rather than run, and left tracers (copies made of shared arrays are tracers too)."""
-    for variable, array in zip(variables, arrays, strict=True):
-        setattr(variable, _variable.ARRAY_ATTRIBUTE, array)
+    """Stores each variable's own array again, in one C call chain: the step was traced
+    inside ``jax.jit`` rather than run, and left tracers (copies made of shared arrays are
+    tracers too)."""
+    _consume(map(setattr, variables, itertools.repeat(_variable.ARRAY_ATTRIBUTE), arrays))
 
 
 _NAMESPACE = {
@@ -114,7 +132,7 @@ def _code(count: int) -> types.CodeType:
     """The code of warm calls for steps lifting ``count`` variables, compiled once.
 
     The variables are globals ``v0``, ``v1``, ... of each function made from it: the
-    compiler handles ten thousand globals in a tenth of the time it takes for as many
+    compiler handles ten thousand globals in a third of the time it takes for as many
     closure cells."""
     attribute = _variable.ARRAY_ATTRIBUTE
     names = [f"v{i}" for i in range(count)]
@@ -154,4 +172,6 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple[
         "function_ref": weakref.ref(function),
         "key": key,
     }
-    return types.FunctionType(_code(len(lifted)), bound, "warm_call")
+    # A code object of its own: Python keeps its caches of global lookups in the code
+    # object, and two steps taking turns would otherwise keep invalidating each other's.
+    return types.FunctionType(_code(len(lifted)).replace(), bound, "warm_call")

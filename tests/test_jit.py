@@ -976,3 +976,32 @@ def test_a_module_nested_deeper_than_the_recursion_limit_takes_the_fast_path():
     model = Model()
     step(model, 1.0)
     assert float(step(model, 1.0)) == 3.0  # the second call checks the structure, unchanged
+
+
+def test_a_warm_step_runs_no_python_code_while_its_variables_are_donated():
+    # Python runs signal handlers (a KeyboardInterrupt) where a function is entered: once
+    # warm, a step enters none between donating the variables' arrays and storing the new.
+    a = statevar.Variable(jnp.zeros(4), name="a")
+    b = statevar.Variable(jnp.zeros(4), name="b")
+
+    @statevar.jit
+    def step(x):
+        a.assign_add(x.sum())
+        b.assign_sub(x.sum())
+        return x.sum()
+
+    step(jnp.ones(2))
+    entered_while_donated = []
+
+    def profile(frame, event, arg):
+        if event == "call" and a._value.is_deleted():
+            entered_while_donated.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        for _ in range(3):
+            step(jnp.ones(2))
+    finally:
+        sys.setprofile(None)
+    assert entered_while_donated == []
+    assert float(a[0]) == 8.0 == -float(b[0])
