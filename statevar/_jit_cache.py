@@ -211,6 +211,13 @@ def store(entry: Entry, box: Box, arrays: list[jax.Array], dynamic: tuple) -> No
     )
 
 
+def put_back(variables: tuple[Variable, ...], arrays: list[jax.Array]) -> None:
+    """Stores each variable's own array again, in one C call chain: a step called inside
+    ``jax.jit`` was traced rather than run, and left tracers in the variables (copies
+    made of shared arrays are tracers too). Nothing was donated."""
+    _consume(map(_setattr, variables, itertools.repeat(_ARRAY_ATTRIBUTE), arrays))
+
+
 def reference(argument: Any) -> Callable[[], Any]:
     """Returns a function giving back a non-array argument when the entry is traced.
 

@@ -25,7 +25,6 @@ that signature on every later call.
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import sys
@@ -36,13 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import _state, _update, _variable
 from ._convert import Tracer
+from ._jit_cache import Entry, put_back
 from ._variable import Variable
 
 if TYPE_CHECKING:
     from ._jit import JitFunction
-    from ._jit_cache import Entry
-
-_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
 
 # The template. Its free names are globals of the function made from it: `_NAMESPACE`'s,
 # and the entry's own (see `warm_call`).
@@ -58,6 +55,7 @@ def call(dynamic):
         arrays = originals = [{reads}]
         found = traced.found
         try:
+            # `Entry.arrays`, written out: an array read earlier is copied, not donated.
             if _sum(_map(_getrefcount, arrays)) > unshared:
                 arrays = _copy_shared(originals)
             (({stores}result,),) = _starmap(jitted, ((arrays, dynamic),))
@@ -103,13 +101,6 @@ def _failed(
     return function._failed_call(variables, arrays, error, dynamic)
 
 
-def _put_back(variables: tuple[Variable, ...], arrays: list) -> None:
-    """Stores each variable's own array again, in one C call chain: the step was traced
-    inside ``jax.jit`` rather than run, and left tracers (copies made of shared arrays are
-    tracers too)."""
-    _consume(map(setattr, variables, itertools.repeat(_variable.ARRAY_ATTRIBUTE), arrays))
-
-
 _NAMESPACE = {
     "_compile_epoch": _state.compile_epoch,  # a one-item list, changed in place
     "_acquire": _state.update_lock.acquire,
@@ -121,7 +112,7 @@ _NAMESPACE = {
     "_starmap": itertools.starmap,
     "_hand_back": _hand_back,
     "_failed": _failed,
-    "_put_back": _put_back,
+    "_put_back": put_back,
     "_isinstance": isinstance,
     "Tracer": Tracer,
 }
