@@ -136,6 +136,7 @@ class Optimizer:
         self._learning_rate: tuple[Variable | None, bool] = (None, False)
         self._legacy_names: tuple[str, ...] = ()
         self._full_structure: Any = None
+        self._sequence_type: type | None = None
         self._shapes: list[tuple[int, ...]] = []
         self._spread = False
         # The Module the Optimizer was built for (weakly) and how its variables were found:
@@ -211,6 +212,10 @@ class Optimizer:
             if slots == list(self._params)
             else None
         )
+        # A list or tuple of exactly the optimized variables: gradients of the same type
+        # and length are checked without flattening them (`apply`).
+        sequence = type(tree) in (list, tuple) and list(self._leaves) == list(self._params)
+        self._sequence_type = type(tree) if sequence and self._full_structure is not None else None
         self._shapes = [v.shape for v in self._params]
         self._spread = any(is_multi_device(v.sharding) for v in self._params)
         self._built = True
@@ -373,6 +378,18 @@ class Optimizer:
         """
         self._require_built("apply gradients with")
         self._check_held()
+        if type(grads) is self._sequence_type and len(grads) == len(self._shapes):
+            # Gradients for a list of variables as a list of arrays, checked in C without
+            # flattening them: each must have an abstract value of its variable's shape
+            # (None, a nested list, a Variable or a NumPy array has none, and takes the
+            # general path).
+            try:
+                shapes = list(map(_shape_of, grads))
+            except AttributeError:
+                shapes = None
+            if shapes == self._shapes:
+                self._apply_flat(grads)
+                return
         if self._full_structure is not None:
             # The common case, checked in C: every optimized variable has an array gradient
             # of its shape, and every other slot holds None.

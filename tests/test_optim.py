@@ -113,6 +113,43 @@ def test_gradients_must_mirror_the_variables():
     assert float(model.kernel[0, 0]) == 1.0
 
 
+@pytest.mark.parametrize(
+    "to_gradients",
+    [list, lambda grads: [np.asarray(g) for g in grads]],
+    ids=["jax arrays", "numpy arrays"],
+)
+def test_gradients_for_a_list_of_variables_may_be_any_arrays(to_gradients):
+    variables = [statevar.Variable([1.0, 2.0]), statevar.Variable([[3.0]])]
+    opt = statevar.Optimizer(optax.sgd(0.5), variables)
+    grads = [jnp.array([1.0, -1.0]), jnp.array([[2.0]])]
+    opt.apply(to_gradients(grads))
+    chex.assert_trees_all_close(
+        [v.value for v in variables], [jnp.array([0.5, 2.5]), jnp.array([[2.0]])]
+    )
+    assert int(opt.iterations) == 1
+
+
+@pytest.mark.parametrize(
+    "grads",
+    [
+        [jnp.zeros(2)],
+        [jnp.zeros(2), jnp.zeros((1, 1)), jnp.zeros(1)],
+        (jnp.zeros(2), jnp.zeros((1, 1))),
+        [jnp.zeros(2), [jnp.zeros(1)]],
+    ],
+    ids=["too few", "too many", "a tuple", "a nested list"],
+)
+def test_gradients_for_a_list_of_variables_must_be_a_list_of_as_many(grads):
+    variables = [statevar.Variable([1.0, 2.0]), statevar.Variable([[3.0]])]
+    opt = statevar.Optimizer(optax.sgd(0.5), variables)
+    with pytest.raises(ValueError, match="Expected gradients structured like the optimizer's"):
+        opt.apply(grads)
+    chex.assert_trees_all_equal(
+        [v.value for v in variables], [jnp.array([1.0, 2.0]), jnp.array([[3.0]])]
+    )
+    assert int(opt.iterations) == 0
+
+
 def test_gradient_shape_must_match():
     w = statevar.Variable([1.0, 2.0], name="w")
     opt = statevar.Optimizer(optax.sgd(0.1), [w])
