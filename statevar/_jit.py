@@ -283,9 +283,13 @@ class JitFunction:
         return box.value
 
     def _check_devices(self, lifted: tuple[Variable, ...], arrays: list, dynamic: tuple) -> None:
-        named = [(f"Variable {v.name!r}", a) for v, a in zip(lifted, arrays, strict=True)]
-        named += [(f"argument {i}", a) for i, a in enumerate(dynamic)]
-        _placement.check_same_devices(f"The statevar.jit function {self.__name__!r}", named)
+        def name_of(index: int) -> str:
+            if index < len(lifted):
+                return f"Variable {lifted[index].name!r}"
+            return f"argument {index - len(lifted)}"
+
+        subject = f"The statevar.jit function {self.__name__!r}"
+        _placement.check_same_devices(subject, [*arrays, *dynamic], name_of)
 
     def _failed_call(
         self, lifted: tuple[Variable, ...], arrays: list, error: Exception, dynamic: tuple = ()

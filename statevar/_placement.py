@@ -445,27 +445,29 @@ def _where(array: Any) -> str:
     return "{" + ", ".join(describe(d) for d in devices) + "}"
 
 
-def check_same_devices(subject: str, named_arrays: list[tuple[str, Any]]) -> None:
+def check_same_devices(subject: str, arrays: Sequence[Any], name_of: Callable[[int], str]) -> None:
     r"""Refuses committed arrays on different sets of devices, naming them.
 
     Args:
       subject: what runs them, for the message (``"The statevar.jit function 'step'"``).
-      named_arrays: ``(name, value)`` pairs; values other than committed `jax.Array`\ s
-        (NumPy arrays, scalars, uncommitted arrays, which JAX moves) are skipped.
+      arrays: the values; those other than committed `jax.Array`\ s (NumPy arrays,
+        scalars, uncommitted arrays, which JAX moves) are skipped.
+      name_of: the name of ``arrays[i]`` for the message (``"Variable 'w'"``); called only
+        to refuse, so a step over many variables names none of them when it runs.
 
     Raises:
       PlacementError: if two committed arrays are on different sets of devices.
     """
-    groups: dict[frozenset, list[str]] = {}
-    for name, array in named_arrays:
+    groups: dict[frozenset, list[int]] = {}
+    for index, array in enumerate(arrays):
         if isinstance(array, jax.Array) and not isinstance(array, Tracer):
             if array.committed and not array.is_deleted():
-                groups.setdefault(frozenset(array.sharding.device_set), []).append(name)
+                groups.setdefault(frozenset(array.sharding.device_set), []).append(index)
     if len(groups) > 1:
-        parts = []
-        for names in groups.values():
-            first = dict(named_arrays)[names[0]]
-            parts.append(f"{', '.join(names)} on {_where(first)}")
+        parts = [
+            f"{', '.join(map(name_of, indices))} on {_where(arrays[indices[0]])}"
+            for indices in groups.values()
+        ]
         raise PlacementError(
             f"{subject} got variables and arguments on different devices: "
             f"{'; '.join(parts)}. Put them on one set of devices (Variable.reshard, "
