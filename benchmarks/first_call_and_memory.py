@@ -8,6 +8,9 @@ statevar carries over from one measurement to the next:
   `train_step.py` (2 blocks, d_model 128, sequence 64, batch 8, adam), and of a step
   updating 10,000 variables of shape f32[4] (the per-variable work of tracing dominates).
   Model creation is not timed. Target: statevar at most 1.15x pure `jax.jit` (medians).
+  Beside the 10,000-variable case, and not a target: the same pure step with its
+  parameters placed by ``jax.device_put`` (committed to the device, as a Variable's array
+  is, which gives every input of the compiled step a sharding annotation to compile).
 - Peak memory of a step that returns ``(loss, grads)``, with adam over 768 MiB of state
   (four f32[16Mi] parameters and their two moments): the growth of the process's resident
   set above its level before the step, over 3 steps after one warm-up step (the largest
@@ -16,7 +19,7 @@ statevar carries over from one measurement to the next:
   statevar's peak no higher than pure JAX's, within 1% of the state's size (RSS counts the
   whole process, so a few MiB of noise are possible).
 
-    python benchmarks/first_call_and_memory.py [--processes 3]
+    python benchmarks/first_call_and_memory.py [--processes 5]
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from assign import PeakResidentGrowth  # noqa: E402
 import statevar  # noqa: E402
 
 VARIANTS = ("statevar.jit", "jax.jit (donated)")
+# Pure JAX with its parameters placed by jax.device_put, committed to the device as a
+# Variable's array is: shown beside the 10,000-variable first call, not a target.
+PLACED = "jax.jit, device_put"
 MANY_VARIABLES = 10_000
 LARGE_PARAMETERS, LARGE_SIZE = 4, 16 * 2**20  # 4 x 64 MiB parameters, 768 MiB with adam
 MEMORY_STEPS = 3
@@ -77,6 +83,8 @@ def many_step(variant: str) -> Callable[[], Any]:
     def pure_step(params, x):
         return [0.9 * p + x for p in params], x.sum()
 
+    if variant == PLACED:
+        vectors = jax.device_put(vectors, jax.devices()[0])
     state = [vectors]
     del vectors
 
@@ -178,10 +186,12 @@ def run_child(case: str, variant: str) -> dict:
     }
 
 
-def in_fresh_processes(case: str, processes: int) -> dict[str, list[dict]]:
+def in_fresh_processes(
+    case: str, processes: int, variants: tuple[str, ...] = VARIANTS
+) -> dict[str, list[dict]]:
     """Runs ``case`` for each variant in ``processes`` fresh processes each, taking turns."""
-    results: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
-    order = list(VARIANTS)
+    results: dict[str, list[dict]] = {variant: [] for variant in variants}
+    order = list(variants)
     for index in range(processes):
         shift = index % len(order)
         for variant in order[shift:] + order[:shift]:
@@ -251,7 +261,7 @@ def report_memory(results: dict[str, list[dict]]) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=int, default=3, help="fresh processes per variant")
+    parser.add_argument("--processes", type=int, default=5, help="fresh processes per variant")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -268,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         report_first_call(
             f"first call, update-only step over {MANY_VARIABLES:,} variables f32[4]",
-            in_fresh_processes("many", args.processes),
+            in_fresh_processes("many", args.processes, (*VARIANTS, PLACED)),
         ),
         report_memory(in_fresh_processes("memory", args.processes)),
     ]
