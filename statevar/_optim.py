@@ -378,30 +378,24 @@ class Optimizer:
         """
         self._require_built("apply gradients with")
         self._check_held()
+        # The common cases, checked in C: every optimized variable has an array gradient of
+        # its shape (an abstract value's: None, a Variable or a NumPy array has none, and
+        # takes the general path), and every other slot holds None.
+        flat = None
         if type(grads) is self._sequence_type and len(grads) == len(self._shapes):
-            # Gradients for a list of variables as a list of arrays, checked in C without
-            # flattening them: each must have an abstract value of its variable's shape
-            # (None, a nested list, a Variable or a NumPy array has none, and takes the
-            # general path).
+            flat = grads  # for a list of variables, a list of arrays: nothing to flatten
+        elif self._full_structure is not None:
+            leaves, structure = jax.tree.flatten(grads)
+            if structure == self._full_structure:
+                flat = leaves
+        if flat is not None:
             try:
-                shapes = list(map(_shape_of, grads))
+                shapes = list(map(_shape_of, flat))
             except AttributeError:
                 shapes = None
             if shapes == self._shapes:
-                self._apply_flat(grads)
+                self._apply_flat(flat)
                 return
-        if self._full_structure is not None:
-            # The common case, checked in C: every optimized variable has an array gradient
-            # of its shape, and every other slot holds None.
-            leaves, structure = jax.tree.flatten(grads)
-            if structure == self._full_structure:
-                try:
-                    shapes = list(map(_shape_of, leaves))
-                except AttributeError:
-                    shapes = None
-                if shapes == self._shapes:
-                    self._apply_flat(leaves)
-                    return
         leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or is_variable(x))
         if treedef != self._treedef:
             raise ValueError(
