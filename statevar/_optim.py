@@ -214,7 +214,9 @@ class Optimizer:
         )
         # A list or tuple of exactly the optimized variables: gradients of the same type
         # and length are checked without flattening them (`apply`).
-        sequence = type(tree) in (list, tuple) and list(self._leaves) == list(self._params)
+        # (The parameters are the leaves that are optimized, once each, in order: as many
+        # only when they are all the leaves.)
+        sequence = type(tree) in (list, tuple) and len(self._leaves) == len(self._params)
         self._sequence_type = type(tree) if sequence and self._full_structure is not None else None
         self._shapes = [v.shape for v in self._params]
         self._spread = any(is_multi_device(v.sharding) for v in self._params)
