@@ -196,8 +196,8 @@ def convert_for_update(
       TraceContextError: if the value is a tracer outside `statevar.jit` and `statevar.grad`.
       ValueError: if the value is an array that has been deleted.
     """
-    if target_shape is None and _enters_as_it_is(value, current.dtype):
-        return value  # the common assign_add(1.0): a hot path
+    if target_shape is None and _enters_as_it_is(value, current):
+        return value  # the common assign_add(1.0), and v.assign(new) while tracing
     action = f"Cannot {operation.phrase} Variable '{name}'"
     expected = current.shape if target_shape is None else target_shape
     what = "variable" if target_shape is None else "indexed part"
@@ -287,9 +287,18 @@ def _own_dtype(value: Any, label: str) -> np.dtype:
     return own
 
 
-def _enters_as_it_is(value: Any, dtype: np.dtype) -> bool:
-    """Whether ``value`` is a Python scalar that converts safely into ``dtype`` and can enter
-    a jitted update unconverted."""
+def _enters_as_it_is(value: Any, current: jax.Array | jax.ShapeDtypeStruct) -> bool:
+    """Whether ``value`` can enter a jitted update of ``current`` unconverted, with nothing
+    to check: a Python scalar that converts safely into its dtype, or a value traced for
+    statevar of its very shape and dtype (a traced step may assign thousands of variables).
+    """
+    if isinstance(value, Tracer):
+        return (
+            value.shape == current.shape
+            and value.dtype == current.dtype
+            and _trace.innermost() is not None
+        )
+    dtype = current.dtype
     source = PYTHON_SCALARS.get(type(value))
     if source is None or not converts_safely(source, family(dtype)):
         return False

@@ -458,7 +458,8 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                     return run(len(args), entry, args)
             else:
                 # Fast path for step(model, x) and methods: arrays, Variables and Modules
-                # seen before, as long as the Modules still hold the same objects.
+                # seen before, as long as the Modules still hold the same objects. (The types
+                # are mapped again: the array path above, the commoner, builds no tuple.)
                 indexed = find(tuple(map(type, args)), args)
                 if indexed is not None:
                     key, entry, dynamic = indexed

@@ -655,16 +655,6 @@ class Variable(RefusedInPlace, Readable):
                 # An uncommitted value: the bare operation, the key the hot path looks for.
                 key = operation.name
                 signature: Any = (key, "committed") if value.committed else key
-            elif (
-                isinstance(value, Tracer)
-                and value.shape == current.shape
-                and value.dtype == current.dtype
-                and _trace.innermost() is not None
-            ):
-                # Traced for statevar, of the variable's shape and dtype: it enters as it is,
-                # as `convert_for_update` would return it, at a fraction of the cost (a
-                # traced step may assign thousands of variables).
-                signature = None
             else:
                 value = convert_for_update(read_operand(value), current, self.name, operation)
                 signature = None
