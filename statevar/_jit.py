@@ -97,6 +97,26 @@ def split_call(
     return Split(key, treedef, tuple(dynamic), variables, fixed, structures, indexable, identity)
 
 
+def _commit_to_arguments(lifted: tuple[Variable, ...], dynamic: tuple[Any, ...]) -> None:
+    """Before a first call given a committed argument, commits each lifted variable that
+    holds an uncommitted array (see `Variable`) to its own device, by a copy.
+
+    The compiled step's outputs would be committed anyway (JAX commits what it computes
+    from a committed array), and a variable committed only by them would make the next
+    call compile again. Call it under `_state.update_lock`, after the placement check.
+    """
+    if not any(_is_committed(argument) for argument in dynamic):
+        return
+    for variable in lifted:
+        array = variable._value
+        if not array.committed and not array.is_deleted():
+            variable._replace_array(_placement.put(array, array.sharding))
+
+
+def _is_committed(value: Any) -> bool:
+    return isinstance(value, jax.Array) and not isinstance(value, Tracer) and value.committed
+
+
 class JitFunction:
     """A function compiled with `jax.jit` whose variable reads and assignments are lifted.
 
@@ -239,11 +259,12 @@ class JitFunction:
           variables' own arrays, and what the trace found.
         """
         while True:
+            self._check_devices(entry.lifted, [v._value for v in entry.lifted], dynamic)
             if donating:
+                _commit_to_arguments(entry.lifted, dynamic)
                 arrays, originals = entry.arrays()
             else:
                 arrays = originals = [v._value for v in entry.lifted]
-            self._check_devices(entry.lifted, arrays, dynamic)
             found = entry.trace(arrays, dynamic)
             if not found.needs_retrace:
                 return entry, arrays, originals, found
@@ -289,7 +310,9 @@ class JitFunction:
             return f"argument {index - len(lifted)}"
 
         subject = f"The statevar.jit function {self.__name__!r}"
-        _placement.check_same_devices(subject, [*arrays, *dynamic], name_of)
+        # A variable counts as placed on its device even while uncommitted: a compiled step
+        # does not move it to its arguments' devices.
+        _placement.check_same_devices(subject, [*arrays, *dynamic], name_of, placed=len(lifted))
 
     def _failed_call(
         self, lifted: tuple[Variable, ...], arrays: list, error: Exception, dynamic: tuple = ()

@@ -445,7 +445,9 @@ def _where(array: Any) -> str:
     return "{" + ", ".join(describe(d) for d in devices) + "}"
 
 
-def check_same_devices(subject: str, arrays: Sequence[Any], name_of: Callable[[int], str]) -> None:
+def check_same_devices(
+    subject: str, arrays: Sequence[Any], name_of: Callable[[int], str], placed: int = 0
+) -> None:
     r"""Refuses committed arrays on different sets of devices, naming them.
 
     Args:
@@ -454,6 +456,8 @@ def check_same_devices(subject: str, arrays: Sequence[Any], name_of: Callable[[i
         scalars, uncommitted arrays, which JAX moves) are skipped.
       name_of: the name of ``arrays[i]`` for the message (``"Variable 'w'"``); called only
         to refuse, so a step over many variables names none of them when it runs.
+      placed: how many of the first arrays count as committed whether they are or not
+        (variables' arrays: a variable stays on its device).
 
     Raises:
       PlacementError: if two committed arrays are on different sets of devices.
@@ -461,7 +465,7 @@ def check_same_devices(subject: str, arrays: Sequence[Any], name_of: Callable[[i
     groups: dict[frozenset, list[int]] = {}
     for index, array in enumerate(arrays):
         if isinstance(array, jax.Array) and not isinstance(array, Tracer):
-            if array.committed and not array.is_deleted():
+            if (index < placed or array.committed) and not array.is_deleted():
                 groups.setdefault(frozenset(array.sharding.device_set), []).append(index)
     if len(groups) > 1:
         parts = [

@@ -171,6 +171,8 @@ def fresh(value: Any, like: jax.Array | jax.ShapeDtypeStruct) -> jax.Array:
     buffer (the variable's next update would donate it).
     """
     new = _fit(jnp.asarray(value), jax.ShapeDtypeStruct(like.shape, like.dtype))
+    if isinstance(like, jax.Array) and not like.committed and not new.committed:
+        return jnp.array(new, copy=True)  # uncommitted, as the variable was
     return jax.device_put(new, like.sharding, may_alias=False)
 
 

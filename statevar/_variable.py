@@ -125,11 +125,12 @@ def _is_initializer(value: Any) -> TypeGuard[Callable[[], Any]]:
 
 def _target_sharding(
     label: str, shape: tuple[int, ...], sharding: Any, device: Any, initial_value: Any
-) -> jax.sharding.Sharding | jax.Device:  # pyright: ignore[reportInvalidTypeForm]
+) -> jax.sharding.Sharding | jax.Device | None:  # pyright: ignore[reportInvalidTypeForm]
     """Where a new variable goes: ``sharding=`` (or a Sharding given as ``device=``), else
     ``device=``, else the sharding of an array spread over several devices, else the
-    innermost `statevar.mesh` scope (by its rules) or `statevar.device` scope, else JAX's
-    default device. Checks a sharding fits before anything is created."""
+    innermost `statevar.mesh` scope (by its rules) or `statevar.device` scope, else None:
+    JAX's default device, uncommitted (see `Variable`). Checks a sharding fits before
+    anything is created."""
     action = f"Cannot create Variable '{label}'"
     if sharding is not None:
         if callable(sharding) and not isinstance(sharding, jax.sharding.Sharding):
@@ -146,7 +147,7 @@ def _target_sharding(
         if callable(spec) and not isinstance(spec, jax.sharding.Sharding):
             spec = spec(label, tuple(shape))
         return _placement.resolve_sharding(spec, shape, action, scope.mesh)
-    return scope or _default_device()
+    return scope
 
 
 def _placement_request(label: str, device: Any, sharding: Any) -> tuple[Any, Any]:
@@ -222,6 +223,13 @@ def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     return jax.local_devices()[0]
 
 
+def compiled_key(signature: Any, *, committed: bool) -> Any:
+    """The key under which a variable records that it has run an update of ``signature``
+    (see `_update.signature`): JAX compiles apart for a committed and an uncommitted
+    variable array, so a variable that became committed runs its updates cold once more."""
+    return (signature, "committed variable") if committed else signature
+
+
 def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], Variable]:
     """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`, `ASSIGN_SUB`): the eager
     hot path, with everything else left to `Variable._update`.
@@ -235,12 +243,13 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
     handler's): the variable then holds its old or its new array, never a deleted one.
     """
     name, donating, copying = operation.name, operation.donating, operation.copying
+    committed_name = compiled_key(name, committed=True)
 
     def update(self: Variable, value: jax.typing.ArrayLike | Variable) -> Variable:
         current = self._value
         if (
             type(value) is type(current)
-            and name in self._compiled
+            and (committed_name if current._committed else name) in self._compiled  # type: ignore[union-attr]
             # JAX interns abstract values: equal ones are one object (any other equal
             # pair takes the general path, which compares them)
             and value.aval is current.aval  # type: ignore[union-attr]
@@ -304,8 +313,11 @@ class Variable(RefusedInPlace, Readable):
       dtype: the dtype; inferred as JAX infers it when omitted (``1`` gives int32, ``1.0``
         float32).
       device: ``"cpu:0"``, ``"gpu:0"``, a `jax.Device` or a `jax.sharding.Sharding`;
-        defaults to the innermost `statevar.device` or `statevar.mesh` scope, then JAX's
-        default device.
+        defaults to the innermost `statevar.device` or `statevar.mesh` scope. A variable
+        given none of these (nor a committed initial value) holds an uncommitted array
+        on JAX's default device, as ``jnp.zeros`` does: compiled steps take it without a
+        sharding annotation, and it becomes committed when assigned a committed array (a
+        compiled step given committed arguments commits it to their device).
       sharding: a `jax.sharding.Sharding`, a `jax.sharding.PartitionSpec`, or a tuple of
         mesh axis names per dimension (None for a replicated dimension), resolved against
         the innermost `statevar.mesh`, or a callable ``(name, shape) -> spec``; not with
@@ -397,10 +409,15 @@ class Variable(RefusedInPlace, Readable):
             self._synchronization, self._aggregation = synchronization, aggregation
         # Signatures of the updates this variable has run: JAX's fast path for their calls.
         self._compiled: set[Any] = set()
-        # A copy on the device, then put on the sharding: a NumPy value put straight onto a
-        # sharding can alias host memory, and the next donated update would not be in place.
-        self._value: jax.Array = jax.device_put(value, target)
-        _placement.log(label, "create", target)
+        if target is None and not value.committed:
+            # Nothing asked where: uncommitted on JAX's default device, as `jnp.zeros` is.
+            self._value: jax.Array = value
+        else:
+            # A copy on the device, then put on the sharding: a NumPy value put straight
+            # onto a sharding can alias host memory, and the next donated update would not
+            # be in place.
+            self._value = jax.device_put(value, target or _default_device())
+        _placement.log(label, "create", self._value.sharding)
 
     # ----------------------------------------------------------------- properties
 
@@ -695,6 +712,7 @@ class Variable(RefusedInPlace, Readable):
         with _update_lock:
             kernel = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
+            signature = compiled_key(signature, committed=old.committed)
             cold = signature not in self._compiled
             try:
                 if cold:

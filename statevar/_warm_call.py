@@ -48,6 +48,10 @@ def call(dynamic):
     if _compile_epoch[0] != epoch:
         # A trainable flag or a sharding changed somewhere: the general call checks them.
         return _hand_back(function_ref, key, dynamic)
+    if uncommitted and _any(_map(_getattr, dynamic, _COMMITTED, _NOT_COMMITTED)):
+        # A variable placed nowhere, and an argument committed to a device: the general
+        # call checks their devices and commits the variable.
+        return _hand_back(function_ref, key, dynamic, cold=True)
     # Acquired inside the try, so that an exception landing right after acquiring still
     # releases.
     try:
@@ -81,11 +85,17 @@ def call(dynamic):
 """
 
 
-def _hand_back(function_ref: weakref.ref[JitFunction], key: Any, dynamic: tuple[Any, ...]) -> Any:
-    """Runs a call through the function's general `JitFunction._run`."""
+def _hand_back(
+    function_ref: weakref.ref[JitFunction], key: Any, dynamic: tuple[Any, ...], cold: bool = False
+) -> Any:
+    """Runs a call through the function's general `JitFunction._run`; as a first call if
+    ``cold`` (the entry's warm call is dropped, and made again after)."""
     function = function_ref()
     assert function is not None  # it holds the cache that holds the calling entry
-    return function._run(key, function._cache.entries[key], dynamic)
+    entry = function._cache.entries[key]
+    if cold:
+        entry.call = None
+    return function._run(key, entry, dynamic)
 
 
 def _failed(
@@ -114,6 +124,11 @@ _NAMESPACE = {
     "_failed": _failed,
     "_put_back": put_back,
     "_isinstance": isinstance,
+    "_any": any,
+    "_getattr": getattr,
+    # `getattr(argument, "_committed", False)` for each argument, by `map` (in C).
+    "_COMMITTED": itertools.repeat("_committed"),
+    "_NOT_COMMITTED": itertools.repeat(False),
     "Tracer": Tracer,
 }
 
@@ -147,8 +162,10 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple[
     valid) and stores every output, atomically (see the module docstring). It holds
     neither the entry nor the function (a reference cycle would free them only when the
     garbage collector runs), and hands the call to the function's `_run` when any
-    trainable flag or sharding changed (a new epoch) or JAX traced the step again for new
-    argument shapes and that trace found variables to lift.
+    trainable flag or sharding changed (a new epoch), an argument committed to a device
+    meets a variable placed nowhere (the first call's placement check and commit, see
+    `JitFunction._trace`), or JAX traced the step again for new argument shapes and that
+    trace found variables to lift.
     """
     lifted = entry.lifted
     bound = {
@@ -158,6 +175,7 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple[
         "jitted": entry.jitted,
         "traced": entry._traced,
         "epoch": entry.epoch,
+        "uncommitted": any(not v._value.committed for v in lifted),
         # The sum of the arrays' reference counts when no array is shared.
         "unshared": _update.SOLE_HOLDER_IN_MAP * len(lifted),
         "function_ref": weakref.ref(function),

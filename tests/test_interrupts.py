@@ -81,8 +81,9 @@ def _assert_intact(variable):
     ],
     ids=["assign_add", "assign_sub", "assign_add_array"],
 )
-def test_an_interrupted_eager_update_leaves_the_old_or_the_new_value(update, step):
-    v = statevar.Variable(jnp.zeros(8), name="v")
+@pytest.mark.parametrize("device", [None, "cpu:0"], ids=["uncommitted", "placed"])
+def test_an_interrupted_eager_update_leaves_the_old_or_the_new_value(update, step, device):
+    v = statevar.Variable(jnp.zeros(8), name="v", device=device)
     completed = 0
 
     def loop():

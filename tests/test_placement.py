@@ -66,6 +66,65 @@ def test_variable_defaults_to_jax_default_device():
         assert statevar.Variable(1.0).device == _cpu(3)
 
 
+def test_a_variable_placed_nowhere_holds_an_uncommitted_array_while_its_updates_do():
+    # As jnp.zeros does: compiled steps take it without a sharding annotation.
+    v = statevar.Variable([1.0, 2.0], name="v")
+    assert v.value.committed is False and v.device == _DEFAULT
+
+    v.assign_add(1.0)
+    v.assign_sub(jnp.ones(2))
+    v.assign(v.value + 2.0)
+    v[0] = 7.0
+    held = v.value
+    v.assign_add(1.0)  # copies: `held` holds the array
+
+    assert v.value.committed is False and not held.is_deleted()
+    chex.assert_trees_all_equal(v.value, jnp.array([8.0, 5.0]))
+    with jax.default_device(_cpu(3)):
+        elsewhere = statevar.Variable(1.0)
+    assert elsewhere.value.committed is False and elsewhere.device == _cpu(3)
+
+
+@pytest.mark.parametrize(
+    "create",
+    [
+        lambda: statevar.Variable(1.0, device="cpu:0"),
+        lambda: statevar.Variable(1.0, device=_DEFAULT),
+        lambda: _in_scope_value("cpu:0"),
+        lambda: statevar.Variable(jax.device_put(1.0, _DEFAULT)),
+        lambda: statevar.Variable(lambda: jnp.ones(2), device="cpu:0"),
+    ],
+    ids=["device string", "device", "scope", "committed initial value", "initializer"],
+)
+def test_a_variable_given_a_placement_holds_a_committed_array(create):
+    v = create()
+    v.assign_add(1.0)
+    assert v.value.committed is True and v.device == _DEFAULT
+
+
+def _in_scope_value(spec):
+    with statevar.device(spec):
+        return statevar.Variable(1.0)
+
+
+def test_assigning_a_committed_array_commits_the_variable_and_its_next_updates_run_cold():
+    v = statevar.Variable([1.0, 2.0], name="v")
+    one = jnp.ones(2)  # of the variable's abstract value: the hot path's bare key
+    v.assign_add(one)
+    warm = statevar._variable.compiled_key("assign_add", committed=True)
+    assert "assign_add" in v._compiled and warm not in v._compiled
+
+    v.assign(jax.device_put(jnp.array([3.0, 4.0]), _DEFAULT))
+    assert v.value.committed is True
+    # JAX compiles apart for a committed variable array: the first such update runs
+    # cold, holding signal handlers while JAX's Python path runs after donating.
+    assert warm not in v._compiled
+    v.assign_add(one)
+    assert warm in v._compiled
+    v.assign_add(one)
+    chex.assert_trees_all_equal(v.value, jnp.array([5.0, 6.0]))
+
+
 def test_device_scope_places_variables_created_in_it():
     with statevar.device("cpu:2") as placed_on:
         v = statevar.Variable([1.0, 2.0])
@@ -143,23 +202,83 @@ def _in_scope(spec, fn):
         fn()
 
 
+@pytest.mark.parametrize("device", ["cpu:1", None], ids=["placed", "uncommitted"])
 @pytest.mark.parametrize("update", _UPDATES.values(), ids=_UPDATES.keys())
-def test_updates_keep_the_variable_on_its_device(update):
-    v = statevar.Variable([1.0, 2.0], device="cpu:1")
+def test_updates_keep_the_variable_on_its_device(update, device):
+    v = statevar.Variable([1.0, 2.0], device=device)
+    where = v.device
     held = v.value
 
     update(v)  # copies, as ``held`` still holds the array
     del held
     update(v)  # donates
 
-    assert v.device == _cpu(1)
-    chex.assert_tree_is_on_device(v.value, device=_cpu(1))
+    assert v.device == where
+    chex.assert_tree_is_on_device(v.value, device=where)
 
 
 def test_deepcopy_keeps_the_device():
     v = statevar.Variable([1.0, 2.0], device="cpu:3")
 
     assert copy.deepcopy(v).device == _cpu(3)
+
+
+# ----------------------------------------------------------------------- compiled steps
+
+
+def _step_over(*variables):
+    @statevar.jit
+    def step(x):
+        for v in variables:
+            v.assign_add(x)
+
+    return step
+
+
+def test_a_compiled_step_over_uncommitted_variables_annotates_no_sharding():
+    # A sharding annotation on each of thousands of inputs slows XLA's compilation.
+    free = statevar.Variable(jnp.zeros(2), name="free")
+    placed = statevar.Variable(jnp.zeros(2), device="cpu:0", name="placed")
+
+    assert "sdy.sharding" not in _step_over(free).lower(jnp.ones(2)).as_text()
+    assert "sdy.sharding" in _step_over(placed).lower(jnp.ones(2)).as_text()
+
+
+def test_a_first_call_given_a_committed_argument_commits_its_variables_and_compiles_once():
+    v = statevar.Variable(jnp.zeros(2), name="v")
+    step = _step_over(v)
+    x = jax.device_put(jnp.ones(2), _DEFAULT)
+
+    step(x)
+    assert v.value.committed is True
+    step(x)  # of the same argument types as the first call: not compiled again
+
+    (entry,) = step.jit_function._cache.entries.values()
+    assert entry.jitted._cache_size() == 1
+    chex.assert_trees_all_equal(v.value, jnp.full(2, 2.0))
+
+
+def test_a_compiled_step_does_not_move_an_uncommitted_variable_to_its_arguments_device():
+    v = statevar.Variable(jnp.zeros(2), name="v")
+    step = _step_over(v)
+
+    with pytest.raises(
+        statevar.PlacementError,
+        match=r"'step' got variables and arguments on different devices: Variable 'v' on "
+        r"cpu:0; argument 0 on cpu:2",
+    ):
+        step(jax.device_put(jnp.ones(2), _cpu(2)))
+
+    assert v.value.committed is False and v.device == _DEFAULT
+    step(jnp.ones(2))
+    with pytest.raises(statevar.PlacementError, match=r"Variable 'v' on cpu:0; argument 0"):
+        step(jax.device_put(jnp.ones(2), _cpu(2)))  # a warm step too
+
+    assert v.value.committed is False and v.device == _DEFAULT
+    step(jax.device_put(jnp.ones(2), _DEFAULT))  # commits it
+    step(jnp.ones(2))
+    assert v.value.committed is True
+    chex.assert_trees_all_equal(v.value, jnp.full(2, 3.0))
 
 
 # ----------------------------------------------------------------------- arithmetic in a scope

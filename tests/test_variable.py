@@ -772,6 +772,7 @@ def test_assign_restores_a_variable_deleted_outside_statevar():
     v.assign([1.0, 2.0, 3.0, 4.0])
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0, 3.0, 4.0])
     assert v.dtype == jnp.float32 and v.device == other.device
+    assert not v.value.committed  # as it was created, placed nowhere
     v.assign_add(1.0)  # and updates work again, in place
     np.testing.assert_array_equal(v.numpy(), [2.0, 3.0, 4.0, 5.0])
     np.testing.assert_array_equal(other.numpy(), np.ones(4))
