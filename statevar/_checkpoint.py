@@ -406,9 +406,18 @@ def _restore(
     common = {name: variables[name] for name in match.common}
     values = _read_values(checkpoint, manifest, entries, common, shown)
     for name, variable in common.items():
-        variable.assign(values[name])
+        variable.assign(_as_placed(values[name], variable))
     logger.log(*match.report(shown))
     return RestoreResult(match.common, match.untouched, match.unexpected, step)
+
+
+def _as_placed(value: jax.Array, variable: Variable) -> jax.Array:
+    """The value read for ``variable`` (on its sharding, committed), uncommitted if the
+    variable is placed nowhere: a restore changes values, never placements (a committed
+    variable would compile its steps and updates again)."""
+    if variable._value.committed:
+        return value
+    return jnp.asarray(np.asarray(value))  # read to the host already, for its checksum
 
 
 def restore(directory: PathLike, target: Any, *, partial: bool = False) -> RestoreResult:

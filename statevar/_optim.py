@@ -196,8 +196,9 @@ class Optimizer:
             for name, leaf, placement in zip(self._state_names, leaves, placements, strict=True)
         )
         spread = [p.sharding for p in self._params if is_multi_device(p.sharding)]
-        if spread and self._iterations.sharding.device_set != spread[0].device_set:
-            self._iterations.reshard(replicated(spread[0]))
+        home = replicated(spread[0]) if spread else _home(self._params)
+        if home is not None and self._iterations.sharding.device_set != home.device_set:
+            self._iterations.reshard(home)
         self._learning_rate = self._find_learning_rate(layout)
         order = legacy_order(self._tx, values, self._param_names)
         self._legacy_names = tuple(f"{self._name}/{position}" for position in order or ())
@@ -558,10 +559,18 @@ def _state_placements(
 ) -> list[Any]:
     """Where each state variable goes: a leaf of its parameter's shape takes the parameter's
     sharding; any other leaf (a count, a scalar) is replicated on the parameters' mesh.
-    None (the default placement) when no parameter spans several devices."""
+    Without a parameter over several devices, each leaf goes where its parameter is placed
+    (a committed one's device), a count where the placed parameters are (`_home`); None
+    (placed nowhere) for the rest."""
     spread = [p.sharding for p in params if is_multi_device(p.sharding)]
     if not spread:
-        return [None] * len(leaves)
+        home = _home(params)
+        return [
+            params[owner]._value.sharding
+            if owner is not None and params[owner]._value.committed
+            else home
+            for owner in owners
+        ]
     placements = []
     for owner, leaf in zip(owners, leaves, strict=True):
         param = params[owner] if owner is not None else None
@@ -570,6 +579,14 @@ def _state_placements(
         else:
             placements.append(replicated(param.sharding if param is not None else spread[0]))
     return placements
+
+
+def _home(params: tuple[Variable, ...]) -> jax.sharding.Sharding | None:
+    """Where an optimizer's own scalars (its step count) go: the parameters' one placement
+    when every placed (committed) parameter shares it, as TensorFlow colocates slots with
+    their variables; None (placed nowhere) otherwise."""
+    placed = {p._value.sharding for p in params if p._value.committed}
+    return placed.pop() if len(placed) == 1 else None
 
 
 def _placed(gradient: Any, param: Variable) -> Any:

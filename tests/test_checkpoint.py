@@ -171,6 +171,19 @@ def test_restore_places_each_value_on_its_variables_device(tmp_path):
     chex.assert_trees_all_close((a2.value, b2.value), (jnp.array([1.0, 2.0]), jnp.array([3.0])))
 
 
+def test_restore_leaves_a_variable_placed_nowhere_uncommitted(tmp_path):
+    # A restore changes values, never placements: compiled steps need not compile again.
+    a = statevar.Variable([1.0, 2.0], name="a")
+    b = statevar.Variable([3.0], name="b", device="cpu:0")
+    statevar.save(tmp_path, [a, b])
+    a.assign([0.0, 0.0])
+
+    statevar.restore(tmp_path, [a, b])
+
+    assert not a.value.committed and b.value.committed
+    chex.assert_trees_all_close((a.value, b.value), (jnp.array([1.0, 2.0]), jnp.array([3.0])))
+
+
 def test_keys_are_module_paths_explicit_names_and_own_names(tmp_path):
     model = Model()
     loose = statevar.Variable(1.0, name="ema/decay")

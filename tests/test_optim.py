@@ -69,6 +69,29 @@ def test_state_lives_in_non_trainable_variables_updated_in_place():
     assert [v.value.unsafe_buffer_pointer() for v in (w, *opt.state_variables)] == pointers
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_state_of_variables_placed_on_a_device_lives_with_them(compiled):
+    # As TensorFlow colocates slots with their variables: the update runs on their device.
+    elsewhere = jax.devices()[1]
+    w = statevar.Variable(jnp.ones(3), device=elsewhere, name="w")
+    b = statevar.Variable(jnp.ones(2), device=elsewhere, name="b")
+    opt = statevar.Optimizer(optax.adam(0.1), [w, b])
+    apply = statevar.jit(opt.apply) if compiled else opt.apply
+
+    apply([jnp.ones(3), jnp.ones(2)])
+
+    for v in (w, b, *opt.state_variables, opt.iterations):
+        assert v.device == elsewhere, v.name
+    chex.assert_trees_all_close(w.value, jnp.full(3, 0.9), rtol=1e-5)
+
+
+def test_the_state_of_variables_placed_nowhere_is_placed_nowhere():
+    w = statevar.Variable(jnp.ones(3), name="w")
+    opt = statevar.Optimizer(optax.adam(0.1), w)
+    opt.apply(jnp.ones(3))
+    assert not any(v.value.committed for v in (w, *opt.state_variables, opt.iterations))
+
+
 def test_a_none_gradient_leaves_the_variable_unchanged():
     a, b = statevar.Variable(1.0), statevar.Variable(2.0, name="b")
     opt = statevar.Optimizer(optax.sgd(1.0), [a, b])
