@@ -9,8 +9,9 @@ statevar carries over from one measurement to the next:
   updating 10,000 variables of shape f32[4] (the per-variable work of tracing dominates).
   Model creation is not timed. Target: statevar at most 1.15x pure `jax.jit` (medians).
   Beside the 10,000-variable case, and not a target: the same pure step with its
-  parameters placed by ``jax.device_put`` (committed to the device, as a Variable's array
-  is, which gives every input of the compiled step a sharding annotation to compile).
+  parameters placed by ``jax.device_put`` (committed to the device, as the array of a
+  Variable given a device is, which gives every input of the compiled step a sharding
+  annotation to compile; the benchmark's variables are placed nowhere, uncommitted).
 - Peak memory of a step that returns ``(loss, grads)``, with adam over 768 MiB of state
   (four f32[16Mi] parameters and their two moments): the growth of the process's resident
   set above its level before the step, over 3 steps after one warm-up step (the largest
@@ -47,8 +48,9 @@ from assign import PeakResidentGrowth  # noqa: E402
 import statevar  # noqa: E402
 
 VARIANTS = ("statevar.jit", "jax.jit (donated)")
-# Pure JAX with its parameters placed by jax.device_put, committed to the device as a
-# Variable's array is: shown beside the 10,000-variable first call, not a target.
+# Pure JAX with its parameters placed by jax.device_put, committed to the device as the
+# array of a Variable given a device is: shown beside the 10,000-variable first call, not a
+# target.
 PLACED = "jax.jit, device_put"
 MANY_VARIABLES = 10_000
 LARGE_PARAMETERS, LARGE_SIZE = 4, 16 * 2**20  # 4 x 64 MiB parameters, 768 MiB with adam
