@@ -796,9 +796,13 @@ class Variable(RefusedInPlace, Readable):
         self._lost = cause
 
     def __deepcopy__(self, memo: dict) -> Variable:
-        copied = Variable(
-            self._read(), trainable=self._trainable, name=self._name, device=self.sharding
-        )
+        value = self._read()
+        copied = Variable(value, trainable=self._trainable, name=self._name, device=self.sharding)
+        if not value.committed:
+            # Placed nowhere: so is the copy, on the same device (JAX runs work on
+            # uncommitted arrays on its default device).
+            with jax.default_device(self.device):
+                copied._replace_array(_update.copy_array(value))
         copied._path = self._path
         return copied
 

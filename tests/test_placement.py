@@ -85,6 +85,22 @@ def test_a_variable_placed_nowhere_holds_an_uncommitted_array_while_its_updates_
     assert elsewhere.value.committed is False and elsewhere.device == _cpu(3)
 
 
+def test_jax_default_device_moves_a_variable_placed_nowhere_as_any_uncommitted_array():
+    # JAX runs a computation on uncommitted arrays on its default device at the time: an
+    # update under jax.default_device moves a variable placed nowhere (the documented
+    # trap); a variable given a device stays on it.
+    free = statevar.Variable([1.0, 2.0], name="free")
+    placed = statevar.Variable([1.0, 2.0], device=_DEFAULT, name="placed")
+
+    with jax.default_device(_cpu(3)):
+        free.assign_add(1.0)
+        placed.assign_add(1.0)
+
+    assert free.device == _cpu(3) and free.value.committed is False
+    assert placed.device == _DEFAULT
+    chex.assert_trees_all_equal(free.value, placed.value)
+
+
 @pytest.mark.parametrize(
     "create",
     [
@@ -221,6 +237,16 @@ def test_deepcopy_keeps_the_device():
     v = statevar.Variable([1.0, 2.0], device="cpu:3")
 
     assert copy.deepcopy(v).device == _cpu(3)
+
+
+def test_deepcopy_of_a_variable_placed_nowhere_is_placed_nowhere_on_the_same_device():
+    with jax.default_device(_cpu(3)):
+        v = statevar.Variable([1.0, 2.0])
+
+    copied = copy.deepcopy(v)
+
+    assert copied.device == _cpu(3) and copied.value.committed is False
+    chex.assert_trees_all_equal(copied.value, v.value)
 
 
 # ----------------------------------------------------------------------- compiled steps
