@@ -98,14 +98,17 @@ def split_call(
 
 
 def _commit_to_arguments(lifted: tuple[Variable, ...], dynamic: tuple[Any, ...]) -> None:
-    """Before a first call given a committed argument, commits each lifted variable that
-    holds an uncommitted array (see `Variable`) to its own device, by a copy.
+    """Before a first call given a committed argument or lifting a committed variable,
+    commits each lifted variable that holds an uncommitted array (see `Variable`) to its
+    own device, by a copy.
 
     The compiled step's outputs would be committed anyway (JAX commits what it computes
     from a committed array), and a variable committed only by them would make the next
     call compile again. Call it under `_state.update_lock`, after the placement check.
     """
-    if not any(_is_committed(argument) for argument in dynamic):
+    if not any(_is_committed(argument) for argument in dynamic) and not any(
+        v._value.committed for v in lifted
+    ):
         return
     for variable in lifted:
         array = variable._value
@@ -297,6 +300,13 @@ class JitFunction:
                 # copies made of shared arrays: put back the variables' own.
                 put_back(entry.lifted, originals)
                 raise self._under_transformation()
+            lifted = entry.lifted
+            if any(
+                a.committed is not v._value.committed for a, v in zip(arrays, lifted, strict=True)
+            ):
+                # The step committed what it computed (a sharding constraint, a committed
+                # constant): its next call, with committed arrays, runs as a first call.
+                _state.bump_compile_epoch()
         if retraced is not found and retraced is not None and retraced.needs_retrace:
             # That trace found more to lift, and gave every variable back unchanged.
             return self._run(key, entry, dynamic)

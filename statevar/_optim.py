@@ -559,9 +559,10 @@ def _state_placements(
 ) -> list[Any]:
     """Where each state variable goes: a leaf of its parameter's shape takes the parameter's
     sharding; any other leaf (a count, a scalar) is replicated on the parameters' mesh.
-    Without a parameter over several devices, each leaf goes where its parameter is placed
-    (a committed one's device), a count where the placed parameters are (`_home`); None
-    (placed nowhere) for the rest."""
+    Without a parameter over several devices, a leaf of a placed (committed) parameter
+    goes to its device; any other leaf (a count, or the state of a parameter placed
+    nowhere) where the placed parameters are when they share one device (`_home`), else
+    nowhere (None)."""
     spread = [p.sharding for p in params if is_multi_device(p.sharding)]
     if not spread:
         home = _home(params)

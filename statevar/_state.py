@@ -58,7 +58,9 @@ concrete_argument_types: set[type] = {np.ndarray, bool, int, float, complex}
 
 
 def bump_compile_epoch() -> None:
-    """Records that a trainable flag or a sharding changed: compiled steps check again."""
+    """Records that a trainable flag, a sharding or a variable's commitment changed:
+    compiled steps check again, and run their next call as a first call (JAX compiles
+    apart for a committed and an uncommitted array)."""
     compile_epoch[0] += 1
 
 

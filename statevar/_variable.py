@@ -246,44 +246,44 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
     committed_name = compiled_key(name, committed=True)
 
     def update(self: Variable, value: jax.typing.ArrayLike | Variable) -> Variable:
-        current = self._value
-        if (
-            type(value) is type(current)
-            and (committed_name if current._committed else name) in self._compiled  # type: ignore[union-attr]
-            # JAX interns abstract values: equal ones are one object (any other equal
-            # pair takes the general path, which compares them)
-            and value.aval is current.aval  # type: ignore[union-attr]
-            and not value._committed  # type: ignore[union-attr]
-            and not _state.open_trace_frames
-        ):
+        # Acquired inside the try, so that an exception landing right after acquiring still
+        # releases; cheaper than `with _update_lock`. The checks run under the lock too:
+        # another thread may replace the array (commit or reshard it) in between.
+        try:
+            _acquire()
+            current = self._value
+            if not (
+                type(value) is type(current)
+                and (committed_name if current._committed else name) in self._compiled  # type: ignore[union-attr]
+                # JAX interns abstract values: equal ones are one object (any other equal
+                # pair takes the general path, which compares them)
+                and value.aval is current.aval  # type: ignore[union-attr]
+                and not value._committed  # type: ignore[union-attr]
+                and not _state.open_trace_frames
+            ):
+                del current
+                return self._update(operation, value)  # still holding the (reentrant) lock
             del current  # a reference held here would make the array look shared
-            # Acquired inside the try, so that an exception landing right after acquiring
-            # still releases; cheaper than `with _update_lock`.
+            kernel = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
+            old = self._value
             try:
-                _acquire()
-                kernel = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
-                old = self._value
-                try:
-                    # The iterator that the unpacking assignment consumes makes the call:
-                    # Python checks for signals at calls and loops, not between unpacking
-                    # and storing, so no exception can land between the donation and the
-                    # store of its result. (`starmap` over one argument tuple costs less
-                    # than `map` over two.)
-                    (self._value,) = _starmap(kernel, ((old, value),))
-                except (RuntimeError, ValueError):
-                    return self._failed_update(operation, value, old)
-                if type(self._value) is not type(old):
-                    self._refuse_traced(operation, old)
-            finally:
-                try:
-                    _release()
-                except RuntimeError:
-                    pass  # acquire itself was interrupted while waiting: nothing to release
-            if _placement_settings.log_placement:
-                _placement.log(self.name, name, self.device)
-            return self
-        del current
-        return self._update(operation, value)
+                # The iterator that the unpacking assignment consumes makes the call: Python
+                # checks for signals at calls and loops, not between unpacking and storing,
+                # so no exception can land between the donation and the store of its
+                # result. (`starmap` over one argument tuple costs less than `map` over two.)
+                (self._value,) = _starmap(kernel, ((old, value),))
+            except (RuntimeError, ValueError):
+                return self._failed_update(operation, value, old)
+            if type(self._value) is not type(old):
+                self._refuse_traced(operation, old)
+        finally:
+            try:
+                _release()
+            except RuntimeError:
+                pass  # acquire itself was interrupted while waiting: nothing to release
+        if _placement_settings.log_placement:
+            _placement.log(self.name, name, self.device)
+        return self
 
     update.__name__ = update.__qualname__ = name
     update.__doc__ = doc
@@ -510,8 +510,11 @@ class Variable(RefusedInPlace, Readable):
         The one store of a new array for code outside this module (the compiled step's
         bulk store aside: see `ARRAY_ATTRIBUTE`). Donates nothing: the old array stays
         valid for whoever still holds it. Callers hold `_state.update_lock` wherever
-        another thread may update the variable.
+        another thread may update the variable. A change of commitment starts a new
+        compile epoch (see `_state.bump_compile_epoch`).
         """
+        if array.committed is not self._value.committed:
+            _state.bump_compile_epoch()
         self._value = array
         self._lost = None
 
@@ -728,6 +731,10 @@ class Variable(RefusedInPlace, Readable):
                 self._refuse_traced(operation, old)
             if cold:
                 self._compiled.add(signature)
+            if self._value.committed is not old.committed:
+                # Assigned a committed array: compiled steps lifting the variable were
+                # compiled for an uncommitted one.
+                _state.bump_compile_epoch()
 
     def _record_traced(self, operation: Operation, value: Any, index: tuple | None) -> Variable:
         """Applies ``operation`` while `statevar.jit` or `statevar.grad` traces: records the

@@ -72,7 +72,7 @@ def test_state_lives_in_non_trainable_variables_updated_in_place():
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_the_state_of_variables_placed_on_a_device_lives_with_them(compiled):
     # As TensorFlow colocates slots with their variables: the update runs on their device.
-    elsewhere = jax.devices()[1]
+    elsewhere = jax.devices("cpu")[1]  # conftest gives eight CPU devices
     w = statevar.Variable(jnp.ones(3), device=elsewhere, name="w")
     b = statevar.Variable(jnp.ones(2), device=elsewhere, name="b")
     opt = statevar.Optimizer(optax.adam(0.1), [w, b])

@@ -1,6 +1,7 @@
 """Tests of placement: ``device=``, `statevar.device` scopes, soft placement and placement
 logging. conftest gives this machine eight CPU devices, cpu:0 to cpu:7."""
 
+import contextlib
 import copy
 import logging
 import re
@@ -28,6 +29,7 @@ def _has_gpu():
 
 _HAS_GPU = _has_gpu()
 _DEFAULT = jax.devices()[0]
+_DEFAULT_SPEC = statevar._placement.describe(_DEFAULT)  # "cpu:0", or "gpu:0" on a GPU
 _AVAILABLE = "Available devices: " + ", ".join(f"{d.platform}:{d.id}" for d in jax.devices())
 # Device specs this machine lacks; "gpu:0" only where there is no GPU.
 _MISSING = [
@@ -104,11 +106,11 @@ def test_jax_default_device_moves_a_variable_placed_nowhere_as_any_uncommitted_a
 @pytest.mark.parametrize(
     "create",
     [
-        lambda: statevar.Variable(1.0, device="cpu:0"),
+        lambda: statevar.Variable(1.0, device=_DEFAULT_SPEC),
         lambda: statevar.Variable(1.0, device=_DEFAULT),
-        lambda: _in_scope_value("cpu:0"),
+        lambda: _in_scope_value(_DEFAULT_SPEC),
         lambda: statevar.Variable(jax.device_put(1.0, _DEFAULT)),
-        lambda: statevar.Variable(lambda: jnp.ones(2), device="cpu:0"),
+        lambda: statevar.Variable(lambda: jnp.ones(2), device=_DEFAULT_SPEC),
     ],
     ids=["device string", "device", "scope", "committed initial value", "initializer"],
 )
@@ -291,13 +293,13 @@ def test_a_compiled_step_does_not_move_an_uncommitted_variable_to_its_arguments_
     with pytest.raises(
         statevar.PlacementError,
         match=r"'step' got variables and arguments on different devices: Variable 'v' on "
-        r"cpu:0; argument 0 on cpu:2",
+        rf"{_DEFAULT_SPEC}; argument 0 on cpu:2",
     ):
         step(jax.device_put(jnp.ones(2), _cpu(2)))
 
     assert v.value.committed is False and v.device == _DEFAULT
     step(jnp.ones(2))
-    with pytest.raises(statevar.PlacementError, match=r"Variable 'v' on cpu:0; argument 0"):
+    with pytest.raises(statevar.PlacementError, match=rf"Variable 'v' on {_DEFAULT_SPEC}; arg"):
         step(jax.device_put(jnp.ones(2), _cpu(2)))  # a warm step too
 
     assert v.value.committed is False and v.device == _DEFAULT
@@ -305,6 +307,92 @@ def test_a_compiled_step_does_not_move_an_uncommitted_variable_to_its_arguments_
     step(jnp.ones(2))
     assert v.value.committed is True
     chex.assert_trees_all_equal(v.value, jnp.full(2, 3.0))
+
+
+@pytest.fixture
+def first_calls(monkeypatch):
+    """Counts the calls that hold signal handlers: first calls, whose JAX Python path runs
+    after donating (an update or step JAX has not compiled for its arrays' commitment)."""
+    counted = []
+    real = statevar._signals.held_signals
+
+    @contextlib.contextmanager
+    def counting():
+        counted.append(1)
+        with real():
+            yield
+
+    monkeypatch.setattr(statevar._jit, "held_signals", counting)
+    monkeypatch.setattr(statevar._variable, "held_signals", counting)
+    return counted
+
+
+def test_a_step_over_committed_and_uncommitted_variables_commits_them_and_compiles_once():
+    placed = statevar.Variable(jnp.zeros(2), device=_DEFAULT, name="placed")
+    free = statevar.Variable(jnp.zeros(2), name="free")
+    step = _step_over(placed, free)
+
+    step(jnp.ones(2))
+    step(jnp.ones(2))
+
+    assert free.value.committed is True
+    (entry,) = step.jit_function._cache.entries.values()
+    assert entry.jitted._cache_size() == 1
+
+
+def test_a_variable_committed_between_calls_makes_the_next_call_a_first_call(first_calls):
+    v = statevar.Variable(jnp.zeros(2), name="v")
+    step = _step_over(v)
+    step(jnp.ones(2))
+    step(jnp.ones(2))
+    assert len(first_calls) == 1
+
+    v.assign(jax.device_put(jnp.zeros(2), _DEFAULT))  # commits it: a first update
+    assert len(first_calls) == 2
+    step(jnp.ones(2))  # JAX compiles again for the committed array, signals held
+    assert len(first_calls) == 3
+    step(jnp.ones(2))
+    assert len(first_calls) == 3
+    chex.assert_trees_all_equal(v.value, jnp.full(2, 2.0))
+
+
+def test_a_step_that_commits_what_it_computes_runs_its_next_call_as_a_first_call(first_calls):
+    v = statevar.Variable(jnp.zeros(2), name="v")
+    pin = jax.sharding.SingleDeviceSharding(_DEFAULT)
+
+    @statevar.jit
+    def step(x):
+        v.assign(jax.lax.with_sharding_constraint(v.value + x, pin))
+
+    step(jnp.ones(2))
+    assert v.value.committed is True and len(first_calls) == 1
+    step(jnp.ones(2))
+    step(jnp.ones(2))
+    assert len(first_calls) == 2
+    chex.assert_trees_all_equal(v.value, jnp.full(2, 3.0))
+
+
+def test_an_update_checks_the_variable_under_the_lock(first_calls, monkeypatch):
+    # Another thread may commit the variable between a check made before the lock and
+    # the donation: the update must see it, and run as a first update.
+    v = statevar.Variable(jnp.zeros(2), name="v")
+    one = jnp.ones(2)
+    v.assign_add(one)
+    real = statevar._variable._acquire
+    commit = [jax.device_put(jnp.zeros(2), _DEFAULT)]
+
+    def acquire_after_another_thread_commits(*args):
+        if commit:
+            v.assign(commit.pop())  # as another thread would, just before the lock
+        return real(*args)
+
+    monkeypatch.setattr(statevar._variable, "_acquire", acquire_after_another_thread_commits)
+    before = len(first_calls)
+    v.assign_add(one)
+
+    assert v.value.committed is True
+    assert len(first_calls) == before + 2  # the assign, then this update
+    chex.assert_trees_all_equal(v.value, one)
 
 
 # ----------------------------------------------------------------------- arithmetic in a scope
