@@ -97,23 +97,27 @@ def split_call(
     return Split(key, treedef, tuple(dynamic), variables, fixed, structures, indexable, identity)
 
 
-def _commit_to_arguments(lifted: tuple[Variable, ...], dynamic: tuple[Any, ...]) -> None:
+def _commit_to_arguments(entry: Entry, dynamic: tuple[Any, ...]) -> None:
     """Before a first call given a committed argument or lifting a committed variable,
     commits each lifted variable that holds an uncommitted array (see `Variable`) to its
     own device, by a copy.
 
     The compiled step's outputs would be committed anyway (JAX commits what it computes
     from a committed array), and a variable committed only by them would make the next
-    call compile again. Call it under `_state.update_lock`, after the placement check.
+    call compile again. Committing starts a compile epoch for the other steps lifting
+    the variable; ``entry``, about to be traced and compiled for the committed arrays,
+    takes it as its own. Call it under `_state.update_lock`, after the placement check.
     """
+    lifted = entry.lifted
     if not any(_is_committed(argument) for argument in dynamic) and not any(
         v._value.committed for v in lifted
     ):
         return
-    for variable in lifted:
-        array = variable._value
-        if not array.committed and not array.is_deleted():
-            variable._replace_array(_placement.put(array, array.sharding))
+    uncommitted = [v for v in lifted if not v._value.committed and not v._value.is_deleted()]
+    for variable in uncommitted:
+        variable._replace_array(_placement.put(variable._value, variable._value.sharding))
+    if uncommitted and _variable.compile_flags(lifted) == entry.flags:
+        entry.epoch = _compile_epoch[0]
 
 
 def _is_committed(value: Any) -> bool:
@@ -264,7 +268,7 @@ class JitFunction:
         while True:
             self._check_devices(entry.lifted, [v._value for v in entry.lifted], dynamic)
             if donating:
-                _commit_to_arguments(entry.lifted, dynamic)
+                _commit_to_arguments(entry, dynamic)
                 arrays, originals = entry.arrays()
             else:
                 arrays = originals = [v._value for v in entry.lifted]

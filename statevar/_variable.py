@@ -316,8 +316,8 @@ class Variable(RefusedInPlace, Readable):
         defaults to the innermost `statevar.device` or `statevar.mesh` scope. A variable
         given none of these (nor a committed initial value) holds an uncommitted array
         on JAX's default device, as ``jnp.zeros`` does: compiled steps take it without a
-        sharding annotation, and it becomes committed when assigned a committed array (a
-        compiled step given committed arguments commits it to their device).
+        sharding annotation, and it becomes committed, on its device, when assigned a
+        committed array or first lifted by a compiled step given committed arguments.
       sharding: a `jax.sharding.Sharding`, a `jax.sharding.PartitionSpec`, or a tuple of
         mesh axis names per dimension (None for a replicated dimension), resolved against
         the innermost `statevar.mesh`, or a callable ``(name, shape) -> spec``; not with
@@ -807,9 +807,10 @@ class Variable(RefusedInPlace, Readable):
         copied = Variable(value, trainable=self._trainable, name=self._name, device=self.sharding)
         if not value.committed:
             # Placed nowhere: so is the copy, on the same device (JAX runs work on
-            # uncommitted arrays on its default device).
+            # uncommitted arrays on its default device). Stored as it is: no compiled step
+            # lifts the copy yet, so no compile epoch starts (`_replace_array`).
             with jax.default_device(self.device):
-                copied._replace_array(_update.copy_array(value))
+                copied._value = _update.copy_array(value)
         copied._path = self._path
         return copied
 

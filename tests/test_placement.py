@@ -245,9 +245,11 @@ def test_deepcopy_of_a_variable_placed_nowhere_is_placed_nowhere_on_the_same_dev
     with jax.default_device(_cpu(3)):
         v = statevar.Variable([1.0, 2.0])
 
+    epoch = statevar._state.compile_epoch[0]
     copied = copy.deepcopy(v)
 
     assert copied.device == _cpu(3) and copied.value.committed is False
+    assert statevar._state.compile_epoch[0] == epoch  # steps over other variables stay warm
     chex.assert_trees_all_equal(copied.value, v.value)
 
 
@@ -263,6 +265,24 @@ def _step_over(*variables):
     return step
 
 
+@pytest.fixture
+def first_calls(monkeypatch):
+    """Counts the calls that hold signal handlers: first calls, whose JAX Python path runs
+    after donating (an update or step JAX has not compiled for its arrays' commitment)."""
+    counted = []
+    real = statevar._signals.held_signals
+
+    @contextlib.contextmanager
+    def counting():
+        counted.append(1)
+        with real():
+            yield
+
+    monkeypatch.setattr(statevar._jit, "held_signals", counting)
+    monkeypatch.setattr(statevar._variable, "held_signals", counting)
+    return counted
+
+
 def test_a_compiled_step_over_uncommitted_variables_annotates_no_sharding():
     # A sharding annotation on each of thousands of inputs slows XLA's compilation.
     free = statevar.Variable(jnp.zeros(2), name="free")
@@ -272,14 +292,17 @@ def test_a_compiled_step_over_uncommitted_variables_annotates_no_sharding():
     assert "sdy.sharding" in _step_over(placed).lower(jnp.ones(2)).as_text()
 
 
-def test_a_first_call_given_a_committed_argument_commits_its_variables_and_compiles_once():
+def test_a_first_call_given_a_committed_argument_commits_its_variables_and_compiles_once(
+    first_calls,
+):
     v = statevar.Variable(jnp.zeros(2), name="v")
     step = _step_over(v)
     x = jax.device_put(jnp.ones(2), _DEFAULT)
 
     step(x)
     assert v.value.committed is True
-    step(x)  # of the same argument types as the first call: not compiled again
+    step(x)  # of the same argument types as the first call: not compiled again, warm
+    assert len(first_calls) == 1
 
     (entry,) = step.jit_function._cache.entries.values()
     assert entry.jitted._cache_size() == 1
@@ -307,24 +330,6 @@ def test_a_compiled_step_does_not_move_an_uncommitted_variable_to_its_arguments_
     step(jnp.ones(2))
     assert v.value.committed is True
     chex.assert_trees_all_equal(v.value, jnp.full(2, 3.0))
-
-
-@pytest.fixture
-def first_calls(monkeypatch):
-    """Counts the calls that hold signal handlers: first calls, whose JAX Python path runs
-    after donating (an update or step JAX has not compiled for its arrays' commitment)."""
-    counted = []
-    real = statevar._signals.held_signals
-
-    @contextlib.contextmanager
-    def counting():
-        counted.append(1)
-        with real():
-            yield
-
-    monkeypatch.setattr(statevar._jit, "held_signals", counting)
-    monkeypatch.setattr(statevar._variable, "held_signals", counting)
-    return counted
 
 
 def test_a_step_over_committed_and_uncommitted_variables_commits_them_and_compiles_once():
