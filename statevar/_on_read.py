@@ -555,7 +555,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
         new = initializer(placed)(_placement.put(self._read(), target))
         with _state.update_lock:
             self._value, self._layout = new, placed
-            self._compiled = set()
+            self._forget_compiled()
         _state.bump_compile_epoch()
         _placement.log(self.name, "reshard", target)
         return self
@@ -578,7 +578,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
     def __deepcopy__(self, memo: dict) -> Variable:
         copied = object.__new__(OnReadVariable)
         copied.__dict__.update(self.__dict__)
-        copied._compiled = set()
+        copied._forget_compiled()
         copied._value = _placement.put(self.replica_values, self._layout.replica_sharding)
         return copied
 

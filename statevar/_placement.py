@@ -67,7 +67,7 @@ def set_log_device_placement(enabled: bool) -> None:
     Args:
       enabled: whether to log.
     """
-    _settings.log_placement = bool(enabled)
+    _state.set_log_placement(bool(enabled))
 
 
 def describe(device: jax.Device) -> str:  # pyright: ignore[reportInvalidTypeForm]

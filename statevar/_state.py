@@ -21,16 +21,26 @@ import numpy as np
 # step to a single acquire and cannot deadlock.
 update_lock = threading.RLock()
 
-# Counts changes of any variable's trainable flag or sharding (a one-item list, changed in
-# place by `bump_compile_epoch`): when it moves, `statevar.jit` checks whether the flags and
-# shardings its traces were made for still hold.
+# Counts changes of any variable's trainable flag, sharding or commitment (a one-item list,
+# changed in place by `bump_compile_epoch`): when it moves, `statevar.jit` checks whether
+# the flags and shardings its traces were made for still hold, and the eager hot path
+# closes (see `hot_epoch`).
 compile_epoch = [0]
 
 # Number of trace frames open in any thread: while it is 0 (the eager hot path), nothing is
 # traced and `_trace`'s per-thread lookup can be skipped. Changed only by
-# `enter_trace_frame` and `exit_trace_frame`, under `_trace_frames_lock`.
+# `enter_trace_frame` and `exit_trace_frame`.
 open_trace_frames = 0
-_trace_frames_lock = threading.Lock()
+# Guards the changes of `compile_epoch`, `open_trace_frames` and `hot_epoch`, which the
+# last is computed from.
+_counters_lock = threading.Lock()
+
+# The compile epoch in which the eager updates' hot path may run (see
+# `Variable._open_hot_path`); `HOT_PATH_OFF`, no epoch, while a trace frame is open in any
+# thread or placements are logged. Kept by `_set_hot_epoch` under `_counters_lock`, so
+# that the hot path compares one name.
+HOT_PATH_OFF = -2
+hot_epoch = 0
 
 
 class PlacementSettings:
@@ -60,19 +70,37 @@ concrete_argument_types: set[type] = {np.ndarray, bool, int, float, complex}
 def bump_compile_epoch() -> None:
     """Records that a trainable flag, a sharding or a variable's commitment changed:
     compiled steps check again, and run their next call as a first call (JAX compiles
-    apart for a committed and an uncommitted array)."""
-    compile_epoch[0] += 1
+    apart for a committed and an uncommitted array); eager updates leave the hot path until
+    they run again."""
+    with _counters_lock:
+        compile_epoch[0] += 1
+        _set_hot_epoch()
+
+
+def _set_hot_epoch() -> None:
+    global hot_epoch
+    off = open_trace_frames or placement_settings.log_placement
+    hot_epoch = HOT_PATH_OFF if off else compile_epoch[0]
 
 
 def enter_trace_frame() -> None:
     """Counts a trace frame opened, in any thread."""
     global open_trace_frames
-    with _trace_frames_lock:
+    with _counters_lock:
         open_trace_frames += 1
+        _set_hot_epoch()
 
 
 def exit_trace_frame() -> None:
     """Counts a trace frame closed, in any thread."""
     global open_trace_frames
-    with _trace_frames_lock:
+    with _counters_lock:
         open_trace_frames -= 1
+        _set_hot_epoch()
+
+
+def set_log_placement(enabled: bool) -> None:
+    """Turns logging of placements on or off (see `statevar.set_log_device_placement`)."""
+    with _counters_lock:
+        placement_settings.log_placement = enabled
+        _set_hot_epoch()

@@ -207,6 +207,13 @@ def _calibrate_single() -> int:
     return sys.getrefcount(probe._value)
 
 
+def _calibrate_local() -> int:
+    probe = _Probe()
+    probe._value = object()
+    held = probe._value
+    return sys.getrefcount(held)
+
+
 def _calibrate_list() -> tuple[int, int]:
     probe = _Probe()
     probe._value = object()
@@ -215,9 +222,11 @@ def _calibrate_list() -> tuple[int, int]:
 
 
 # Reference count of an array held only by a variable's ``_value`` attribute: as seen by
-# ``sys.getrefcount(var._value)``; by each step of ``sum(map(sys.getrefcount, arrays))``
+# ``sys.getrefcount(var._value)``; by ``sys.getrefcount(held)`` after ``held = var._value``
+# (the eager hot path); by each step of ``sum(map(sys.getrefcount, arrays))``
 # over a list of such arrays; and inside `copy_shared` below.
 SOLE_HOLDER = _calibrate_single()
+SOLE_HOLDER_WITH_LOCAL = _calibrate_local()
 SOLE_HOLDER_IN_MAP, _SOLE_HOLDER_IN_LOOP = _calibrate_list()
 
 

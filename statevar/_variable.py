@@ -29,11 +29,17 @@ from ._view import Readable, read_operand, traced_update_error, unwrap_index
 
 # jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
-_SOLE_HOLDER, _getrefcount = _update.SOLE_HOLDER, sys.getrefcount
+_SOLE_HOLDER_WITH_LOCAL, _getrefcount = _update.SOLE_HOLDER_WITH_LOCAL, sys.getrefcount
 _starmap = itertools.starmap
 _update_lock = _state.update_lock
 _acquire, _release = _update_lock.acquire, _update_lock.release
 _placement_settings = _state.placement_settings
+_compile_epoch = _state.compile_epoch
+# The type of a concrete array, as the eager hot path checks it: recorded when a hot path
+# first opens (`Variable._open_hot_path`), so that importing statevar starts no JAX backend.
+_array_type: type | None = None
+# Each eager update's place in a variable's `_hot_avals` (see `Variable._open_hot_path`).
+_HOT_SLOTS = {ASSIGN: 0, ASSIGN_ADD: 1, ASSIGN_SUB: 2}
 
 # The attribute holding a variable's array. `Variable._replace_array` stores a new array in
 # it; the one other store is `statevar.jit`'s compiled step (`_jit_cache.store` on a first
@@ -235,15 +241,16 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
     hot path, with everything else left to `Variable._update`.
 
     One body serves the three methods, each its own function, so a call costs one Python
-    frame. The hot path takes an array of the variable's own type, abstract value (shape,
-    dtype, strong type) and placement, for an update this variable has run before (JAX's
-    fast path), outside any trace: nothing to convert or check. Donates the old buffer when
+    frame. The hot path takes an uncommitted array of the variable's abstract value
+    (shape, dtype, strong type), for an update whose donating call this variable has run in
+    this compile epoch (`Variable._open_hot_path`: JAX's fast path), outside any trace and
+    with placements not logged: nothing to convert or check. Donates the old buffer when
     nothing else holds it, else copies it: arrays read earlier stay valid. Atomic with
     respect to exceptions raised at any bytecode (``KeyboardInterrupt``, a signal
     handler's): the variable then holds its old or its new array, never a deleted one.
     """
     name, donating, copying = operation.name, operation.donating, operation.copying
-    committed_name = compiled_key(name, committed=True)
+    slot = _HOT_SLOTS[operation]
 
     def update(self: Variable, value: jax.typing.ArrayLike | Variable) -> Variable:
         # Acquired inside the try, so that an exception landing right after acquiring still
@@ -251,39 +258,39 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
         # another thread may replace the array (commit or reshard it) in between.
         try:
             _acquire()
-            current = self._value
-            if not (
-                type(value) is type(current)
-                and (committed_name if current._committed else name) in self._compiled  # type: ignore[union-attr]
+            old = self._value
+            if (
+                type(value) is _array_type
                 # JAX interns abstract values: equal ones are one object (any other equal
                 # pair takes the general path, which compares them)
-                and value.aval is current.aval  # type: ignore[union-attr]
+                and value.aval is self._hot_avals[slot]  # type: ignore[union-attr]
                 and not value._committed  # type: ignore[union-attr]
-                and not _state.open_trace_frames
+                # not a new compile epoch, no trace frame open, placements not logged
+                and self._hot_epoch == _state.hot_epoch
             ):
-                del current
-                return self._update(operation, value)  # still holding the (reentrant) lock
-            del current  # a reference held here would make the array look shared
-            kernel = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
-            old = self._value
-            try:
-                # The iterator that the unpacking assignment consumes makes the call: Python
-                # checks for signals at calls and loops, not between unpacking and storing,
-                # so no exception can land between the donation and the store of its
-                # result. (`starmap` over one argument tuple costs less than `map` over two.)
-                (self._value,) = _starmap(kernel, ((old, value),))
-            except (RuntimeError, ValueError):
-                return self._failed_update(operation, value, old)
-            if type(self._value) is not type(old):
-                self._refuse_traced(operation, old)
+                try:
+                    # The iterator that the unpacking assignment consumes makes the call:
+                    # Python checks for signals at calls and loops, not between unpacking
+                    # and storing, so no exception can land between the donation and the
+                    # store of its result. The old array is donated when nothing but the
+                    # variable (and `old`) holds it, else copied.
+                    (self._value,) = map(
+                        copying if _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL else donating,
+                        (old,),
+                        (value,),
+                    )
+                except (RuntimeError, ValueError):
+                    return self._failed_update(operation, value, old)
+                if type(self._value) is not _array_type:
+                    self._refuse_traced(operation, old)
+                return self
+            del old  # a reference held here would make the array look shared
+            return self._update(operation, value)  # still holding the (reentrant) lock
         finally:
             try:
                 _release()
             except RuntimeError:
                 pass  # acquire itself was interrupted while waiting: nothing to release
-        if _placement_settings.log_placement:
-            _placement.log(self.name, name, self.device)
-        return self
 
     update.__name__ = update.__qualname__ = name
     update.__doc__ = doc
@@ -407,8 +414,7 @@ class Variable(RefusedInPlace, Readable):
         self._trainable = bool(not on_read if trainable is None else trainable)
         if synchronization != "auto" or aggregation != "none":
             self._synchronization, self._aggregation = synchronization, aggregation
-        # Signatures of the updates this variable has run: JAX's fast path for their calls.
-        self._compiled: set[Any] = set()
+        self._forget_compiled()
         if target is None and not value.committed:
             # Nothing asked where: uncommitted on JAX's default device, as `jnp.zeros` is.
             self._value: jax.Array = value
@@ -477,7 +483,7 @@ class Variable(RefusedInPlace, Readable):
         with _update_lock:
             self._value = new
             # Updates compiled for the old placement must not serve the new one.
-            self._compiled = set()
+            self._forget_compiled()
         _state.bump_compile_epoch()
         _placement.log(self.name, "reshard", target)
         return self
@@ -707,34 +713,68 @@ class Variable(RefusedInPlace, Readable):
         the copying one (arrays read earlier stay valid).
 
         Atomic with respect to exceptions raised at any bytecode: JAX's first call for new
-        argument types (``signature`` not yet run) runs Python code after donating, so it
-        holds the signal handlers until the result is stored; later calls store the result
-        with no check for signals in between (see `_eager_update`).
+        argument types (``signature`` not yet run) runs Python code after donating, so the
+        first donating call holds the signal handlers until the result is stored; later
+        calls store the result with no check for signals in between (see `_eager_update`).
+        A copying call needs neither: it donates nothing. Opens the eager hot path for the
+        update once its donating call is compiled for a bare ``signature`` (an uncommitted
+        array of the variable's abstract value, see `_update`).
         """
         donating, copying = kernels
         with _update_lock:
-            kernel = copying if _getrefcount(self._value) > _SOLE_HOLDER else donating
             old = self._value
-            signature = compiled_key(signature, committed=old.committed)
-            cold = signature not in self._compiled
+            shared = _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL
+            kernel = copying if shared else donating
+            key = compiled_key(signature, committed=old.committed)
+            first = key not in self._compiled
             try:
-                if cold:
+                if first:
                     self._check_operation(operation)
+                if first and not shared:
                     with held_signals():
                         self._value = kernel(old, *operands)
                 else:
+                    # A copying call donates nothing: an exception landing in JAX's Python
+                    # code leaves the variable its old array.
                     (self._value,) = _starmap(kernel, ((old, *operands),))
             except (RuntimeError, ValueError):
                 self._failed_update(operation, value, old)
                 return
             if type(self._value) is not type(old):
                 self._refuse_traced(operation, old)
-            if cold:
-                self._compiled.add(signature)
+            if not shared:
+                # The donating call is compiled: JAX's fast path from now on.
+                self._compiled.add(key)
             if self._value.committed is not old.committed:
                 # Assigned a committed array: compiled steps lifting the variable were
                 # compiled for an uncommitted one.
                 _state.bump_compile_epoch()
+            elif not shared and signature == operation.name:
+                slot = _HOT_SLOTS.get(operation)
+                if slot is not None:
+                    self._open_hot_path(slot)
+
+    def _forget_compiled(self) -> None:
+        """Forgets which updates this variable has run (JAX's fast path for their calls),
+        for a new variable or a new placement."""
+        # Signatures (`compiled_key`) of the donating calls this variable has run.
+        self._compiled: set[Any] = set()
+        # Per eager update (`_HOT_SLOTS`): the abstract value it takes on the hot path, in
+        # compile epoch `_hot_epoch`; None where the hot path is closed.
+        self._hot_avals: list[Any] = [None, None, None]
+        self._hot_epoch = -1
+
+    def _open_hot_path(self, slot: int) -> None:
+        """Lets the eager hot path (see `_eager_update`) run the update in ``slot`` for
+        values of the variable's abstract value, uncommitted, until the next compile epoch:
+        its donating call is compiled for the variable's commitment, which only a new
+        compile epoch changes."""
+        global _array_type
+        _array_type = type(self._value)
+        epoch = _compile_epoch[0]
+        if self._hot_epoch != epoch:
+            self._hot_avals, self._hot_epoch = [None, None, None], epoch
+        self._hot_avals[slot] = self._value.aval
 
     def _record_traced(self, operation: Operation, value: Any, index: tuple | None) -> Variable:
         """Applies ``operation`` while `statevar.jit` or `statevar.grad` traces: records the

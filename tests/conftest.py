@@ -1,5 +1,7 @@
 """Test setup: eight CPU devices, so placement and sharding tests run without a GPU."""
 
+import contextlib
+
 import jax
 import pytest
 
@@ -29,3 +31,21 @@ def _reset_placement_settings():
     yield
     statevar.set_soft_device_placement(True)
     statevar.set_log_device_placement(False)
+
+
+@pytest.fixture
+def first_calls(monkeypatch):
+    """Counts the calls that hold signal handlers: first calls, whose JAX Python path runs
+    after donating (an update or step JAX has not compiled for its arrays' commitment)."""
+    counted = []
+    real = statevar._signals.held_signals
+
+    @contextlib.contextmanager
+    def counting():
+        counted.append(1)
+        with real():
+            yield
+
+    monkeypatch.setattr(statevar._jit, "held_signals", counting)
+    monkeypatch.setattr(statevar._variable, "held_signals", counting)
+    return counted

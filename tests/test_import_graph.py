@@ -3,6 +3,8 @@
 import ast
 import graphlib
 import pathlib
+import subprocess
+import sys
 
 import statevar
 
@@ -61,3 +63,17 @@ def test_the_foundations_import_nothing_above_them():
     assert graph["_state"] == set()
     above_the_variable = {"_tree", "_module", "_jit", "_grad", "_optim", "_checkpoint"}
     assert not graph["_variable"] & above_the_variable
+
+
+def test_importing_statevar_leaves_jax_unconfigured():
+    # JAX options that take effect when its backends start (jax_num_cpu_devices,
+    # jax_platforms) can still be set after ``import statevar``.
+    code = (
+        "import statevar, jax\n"
+        "jax.config.update('jax_num_cpu_devices', 3)\n"
+        "print(len(jax.devices('cpu')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "3"

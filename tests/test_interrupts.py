@@ -240,3 +240,81 @@ def test_an_interrupted_on_read_update_leaves_the_old_or_the_new_value(update, s
         update(v, deltas)
         completed += 1
         assert float(v) == step * completed
+
+
+# ----------------------------------------------------------------------- the eager hot path
+
+
+@pytest.fixture
+def general_path(monkeypatch):
+    """Counts the eager updates that leave the hot path for `Variable._update`."""
+    counted = []
+    real = statevar.Variable._update
+
+    def counting(self, *args, **kwargs):
+        counted.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(statevar.Variable, "_update", counting)
+    return counted
+
+
+def test_the_first_donating_update_holds_signal_handlers_after_copying_ones(
+    first_calls, general_path
+):
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    one = jnp.ones(4)
+    for _ in range(2):
+        read = v.value  # held: the update copies, which donates nothing
+        v.assign_add(one)
+    assert first_calls == [] and len(general_path) == 2
+
+    del read
+    # JAX's first call of the donating update runs its Python code after donating.
+    v.assign_add(one)
+    assert first_calls == [1] and len(general_path) == 3
+    # The hot path from then on, copying while something holds the array.
+    v.assign_add(one)
+    read = v.value
+    v.assign_add(one)
+    assert first_calls == [1] and len(general_path) == 3
+    np.testing.assert_array_equal(read, np.full(4, 4.0))
+    np.testing.assert_array_equal(v.numpy(), np.full(4, 5.0))
+
+
+def test_a_variable_committed_by_a_compiled_step_leaves_the_eager_hot_path(
+    first_calls, general_path
+):
+    v = statevar.Variable(jnp.zeros(2), name="v")
+    one = jnp.ones(2)
+    v.assign_add(one)
+    v.assign_add(one)
+    assert len(general_path) == 1
+    step = statevar.jit(lambda x: v.assign_add(x))
+
+    # An argument committed to the variable's device commits the variable, for which JAX
+    # compiles the eager update anew: its first call runs cold, holding signal handlers.
+    step(jax.device_put(one, v.device))
+    assert v.value.committed is True
+    general, held = len(general_path), len(first_calls)
+    v.assign_add(one)
+    assert len(general_path) == general + 1 and len(first_calls) == held + 1
+    v.assign_add(one)
+    assert len(general_path) == general + 1 and len(first_calls) == held + 1
+    np.testing.assert_array_equal(v.numpy(), np.full(2, 5.0))
+
+
+def test_an_update_on_the_hot_paths_terms_inside_a_compiled_step_is_traced(general_path):
+    v = statevar.Variable(jnp.zeros(2), name="v")
+    one = jnp.ones(2)
+    v.assign_add(one)
+    v.assign_add(one)  # the hot path is open for this update
+
+    @statevar.jit
+    def step():
+        v.assign_add(one)
+        return v.value
+
+    np.testing.assert_array_equal(step(), np.full(2, 3.0))
+    np.testing.assert_array_equal(step(), np.full(2, 4.0))
+    np.testing.assert_array_equal(v.numpy(), np.full(2, 4.0))

@@ -427,7 +427,7 @@ def test_updates_never_take_the_eager_hot_path(mesh):
     for _ in range(3):
         v.assign_add(jnp.float32(1.0))
 
-    assert "assign_add" not in v._compiled  # the bare key of `Variable._update`'s hot path
+    assert v._hot_avals == [None, None, None]  # the eager hot path stays closed
     assert float(v) == 3.0
 
 

@@ -1,7 +1,6 @@
 """Tests of placement: ``device=``, `statevar.device` scopes, soft placement and placement
 logging. conftest gives this machine eight CPU devices, cpu:0 to cpu:7."""
 
-import contextlib
 import copy
 import logging
 import re
@@ -263,24 +262,6 @@ def _step_over(*variables):
             v.assign_add(x)
 
     return step
-
-
-@pytest.fixture
-def first_calls(monkeypatch):
-    """Counts the calls that hold signal handlers: first calls, whose JAX Python path runs
-    after donating (an update or step JAX has not compiled for its arrays' commitment)."""
-    counted = []
-    real = statevar._signals.held_signals
-
-    @contextlib.contextmanager
-    def counting():
-        counted.append(1)
-        with real():
-            yield
-
-    monkeypatch.setattr(statevar._jit, "held_signals", counting)
-    monkeypatch.setattr(statevar._variable, "held_signals", counting)
-    return counted
 
 
 def test_a_compiled_step_over_uncommitted_variables_annotates_no_sharding():
@@ -588,6 +569,26 @@ def test_placement_logging_logs_creation_and_every_update(caplog):
         "Variable 'logged': assign_sub on cpu:2",
         "Variable 'logged': setitem on cpu:2",
     ]
+
+
+def test_placement_logging_logs_updates_of_the_eager_hot_path(caplog):
+    caplog.set_level(logging.INFO, logger="statevar")
+    v = statevar.Variable([1.0, 2.0], name="hot")
+    one = jnp.ones(2)
+    v.assign_add(one)
+    v.assign_add(one)  # on the hot path, which now takes this update
+
+    statevar.set_log_device_placement(True)
+    v.assign_add(one)
+    v.assign_add(one)
+    statevar.set_log_device_placement(False)
+    v.assign_add(one)
+
+    device = f"{_DEFAULT.platform}:{_DEFAULT.id}"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Variable 'hot': assign_add on {device}"
+    ] * 2
+    chex.assert_trees_all_equal(v.value, jnp.array([6.0, 7.0]))
 
 
 def test_placement_logging_can_be_turned_off(caplog):
