@@ -292,25 +292,33 @@ class JitFunction:
                 # Copying a shared array that was deleted: name the variable.
                 arrays = [v._value for v in entry.lifted]
                 raise self._failed_call(entry.lifted, arrays, error) from error
+            lifted = entry.lifted
             try:
                 with held_signals():
                     store(entry, box, arrays, dynamic)
+                    # Checked before the signal handlers are back, so that no exception can
+                    # leave a variable committed in the epoch it was uncommitted in.
+                    if (
+                        lifted
+                        and not isinstance(lifted[0]._value, Tracer)
+                        and any(
+                            a.committed is not v._value.committed
+                            for a, v in zip(arrays, lifted, strict=True)
+                        )
+                    ):
+                        # The step committed what it computed (a sharding constraint, a
+                        # committed constant): every compiled step's next call, and each
+                        # variable's next eager update, run as first calls.
+                        _state.bump_compile_epoch()
             except Exception as error:
                 raise self._failed_call(entry.lifted, arrays, error, dynamic) from error
             retraced = entry.last_found  # JAX traced again rather than reuse the trace
-            if entry.lifted and isinstance(entry.lifted[0]._value, Tracer):
+            if lifted and isinstance(lifted[0]._value, Tracer):
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer; so are
                 # copies made of shared arrays: put back the variables' own.
                 put_back(entry.lifted, originals)
                 raise self._under_transformation()
-            lifted = entry.lifted
-            if any(
-                a.committed is not v._value.committed for a, v in zip(arrays, lifted, strict=True)
-            ):
-                # The step committed what it computed (a sharding constraint, a committed
-                # constant): its next call, with committed arrays, runs as a first call.
-                _state.bump_compile_epoch()
         if retraced is not found and retraced is not None and retraced.needs_retrace:
             # That trace found more to lift, and gave every variable back unchanged.
             return self._run(key, entry, dynamic)

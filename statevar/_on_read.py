@@ -552,11 +552,13 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 f"{action} inside statevar.jit or statevar.grad: reshard it before the "
                 "compiled step"
             )
-        new = initializer(placed)(_placement.put(self._read(), target))
-        with _state.update_lock:
-            self._value, self._layout = new, placed
+        with _state.update_lock:  # an update in another thread lands before the copy or after
+            new = initializer(placed)(_placement.put(self._read(), target))
+            # As `Variable.reshard`: forgotten, and a new compile epoch started, before the
+            # store.
             self._forget_compiled()
-        _state.bump_compile_epoch()
+            _state.bump_compile_epoch()
+            self._value, self._layout = new, placed
         _placement.log(self.name, "reshard", target)
         return self
 

@@ -27,8 +27,8 @@ update_lock = threading.RLock()
 # closes (see `hot_epoch`).
 compile_epoch = [0]
 
-# Number of trace frames open in any thread: while it is 0 (the eager hot path), nothing is
-# traced and `_trace`'s per-thread lookup can be skipped. Changed only by
+# Number of trace frames open in any thread: while it is 0 (almost always, outside a first
+# call), nothing is traced and reads and updates skip `_trace`'s per-thread lookup. Changed only by
 # `enter_trace_frame` and `exit_trace_frame`.
 open_trace_frames = 0
 # Guards the changes of `compile_epoch`, `open_trace_frames` and `hot_epoch`, which the

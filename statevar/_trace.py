@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from ._variable import Variable
 
 # This thread's stack of open frames (``.stack``), private to this module. How many are open
-# in all threads is `_state.open_trace_frames`, which the hot paths test first.
+# in all threads is `_state.open_trace_frames`, which reads and updates test first (the
+# eager hot path tests `_state.hot_epoch`, which it keeps off while any frame is open).
 _thread_frames = threading.local()
 
 # JAX caches the traces of the functions given to its transformations (a scan's body, a

@@ -41,10 +41,11 @@ _array_type: type | None = None
 # Each eager update's place in a variable's `_hot_avals` (see `Variable._open_hot_path`).
 _HOT_SLOTS = {ASSIGN: 0, ASSIGN_ADD: 1, ASSIGN_SUB: 2}
 
-# The attribute holding a variable's array. `Variable._replace_array` stores a new array in
-# it; the one other store is `statevar.jit`'s compiled step (`_jit_cache.store` on a first
-# call, `_warm_call` after), which stores many variables' arrays at once, with no bytecode
-# where an exception can land between the donating call and the stores.
+# The attribute holding a variable's array. Outside this module, `Variable._replace_array`
+# stores a new array in it, and `statevar.jit`'s compiled step (`_jit_cache.store` on a
+# first call, `_warm_call` after) stores many variables' arrays at once, with no bytecode
+# where an exception can land between the donating call and the stores. In this module the
+# updates (`_eager_update`, `Variable._run_kernel`), `reshard` and deep copies store it.
 ARRAY_ATTRIBUTE = "_value"
 
 
@@ -229,10 +230,17 @@ def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     return jax.local_devices()[0]
 
 
+def _is_committed(operand: Any) -> bool:
+    """Whether an update's operand is a committed array (JAX then commits the result)."""
+    return getattr(operand, "committed", False) is True
+
+
 def compiled_key(signature: Any, *, committed: bool) -> Any:
-    """The key under which a variable records that it has run an update of ``signature``
-    (see `_update.signature`): JAX compiles apart for a committed and an uncommitted
-    variable array, so a variable that became committed runs its updates cold once more."""
+    """The key under which a variable records that it has run the donating call of an
+    update of ``signature`` (as `Variable._update` gives it: the bare operation name, that
+    name with ``"committed"``, `_update.signature`, or any of these with a multi-device
+    sharding): JAX compiles apart for a committed and an uncommitted variable array, so a
+    variable that became committed runs its updates cold once more."""
     return (signature, "committed variable") if committed else signature
 
 
@@ -479,12 +487,14 @@ class Variable(RefusedInPlace, Readable):
                 f"Cannot reshard Variable '{self.name}' inside statevar.jit or statevar.grad: "
                 "reshard it before the compiled step"
             )
-        new = _placement.put(self._read(), target)
-        with _update_lock:
-            self._value = new
-            # Updates compiled for the old placement must not serve the new one.
+        with _update_lock:  # an update in another thread lands before the copy or after
+            new = _placement.put(self._read(), target)
+            # Updates compiled for the old placement must not serve the new one: forgotten,
+            # and a new compile epoch started, before the store, so that an exception
+            # landing in between leaves the variable unmoved rather than moved unnoticed.
             self._forget_compiled()
-        _state.bump_compile_epoch()
+            _state.bump_compile_epoch()
+            self._value = new
         _placement.log(self.name, "reshard", target)
         return self
 
@@ -727,6 +737,12 @@ class Variable(RefusedInPlace, Readable):
             kernel = copying if shared else donating
             key = compiled_key(signature, committed=old.committed)
             first = key not in self._compiled
+            if not old.committed and any(map(_is_committed, operands)):
+                # JAX commits what it computes from a committed array: the variable becomes
+                # committed. The new compile epoch starts before the store, so that no
+                # exception can leave it committed in the epoch its hot path and compiled
+                # steps were opened in.
+                _state.bump_compile_epoch()
             try:
                 if first:
                     self._check_operation(operation)
@@ -746,8 +762,7 @@ class Variable(RefusedInPlace, Readable):
                 # The donating call is compiled: JAX's fast path from now on.
                 self._compiled.add(key)
             if self._value.committed is not old.committed:
-                # Assigned a committed array: compiled steps lifting the variable were
-                # compiled for an uncommitted one.
+                # Committed some other way (not expected: see above); still a new epoch.
                 _state.bump_compile_epoch()
             elif not shared and signature == operation.name:
                 slot = _HOT_SLOTS.get(operation)

@@ -7,6 +7,7 @@ value and takes the next update. Where the interrupt lands varies from run to ru
 asserted holds wherever it lands.
 """
 
+import contextlib
 import gc
 import random
 import signal
@@ -318,3 +319,83 @@ def test_an_update_on_the_hot_paths_terms_inside_a_compiled_step_is_traced(gener
     np.testing.assert_array_equal(step(), np.full(2, 3.0))
     np.testing.assert_array_equal(step(), np.full(2, 4.0))
     np.testing.assert_array_equal(v.numpy(), np.full(2, 4.0))
+
+
+def _ctrl_c_on_leaving(held_signals):
+    """``held_signals`` with a Ctrl-C pressed inside: the handlers defer it, and it is raised
+    as they come back, as a Ctrl-C during JAX's first call is."""
+
+    @contextlib.contextmanager
+    def interrupted():
+        with held_signals():
+            yield
+            signal.raise_signal(signal.SIGINT)
+
+    return interrupted
+
+
+def test_a_ctrl_c_ending_an_update_that_commits_the_variable_closes_the_hot_path(
+    monkeypatch, general_path
+):
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    one = jnp.ones(4)
+    v.assign(one)
+    v.assign(one)  # the hot path is open for assign
+    real = statevar._variable.held_signals
+    monkeypatch.setattr(statevar._variable, "held_signals", _ctrl_c_on_leaving(real))
+
+    with pytest.raises(KeyboardInterrupt):
+        v.assign(jax.device_put(one, v.device))  # commits the variable
+    monkeypatch.setattr(statevar._variable, "held_signals", real)
+
+    assert v.value.committed is True
+    general = len(general_path)
+    v.assign(one)  # compiled anew for a committed variable: the general path holds handlers
+    assert len(general_path) == general + 1
+    np.testing.assert_array_equal(v.numpy(), np.ones(4))
+
+
+def test_a_ctrl_c_ending_a_first_call_that_commits_a_variable_closes_its_hot_path(
+    monkeypatch, general_path
+):
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    one = jnp.ones(4)
+    v.assign_add(one)
+    v.assign_add(one)  # the hot path is open for assign_add
+    pinned = jax.sharding.SingleDeviceSharding(v.device)
+
+    @statevar.jit
+    def step():
+        v.assign(jax.lax.with_sharding_constraint(v.value + 1.0, pinned))
+
+    real = statevar._jit.held_signals
+    monkeypatch.setattr(statevar._jit, "held_signals", _ctrl_c_on_leaving(real))
+    with pytest.raises(KeyboardInterrupt):
+        step()  # commits the variable
+    monkeypatch.setattr(statevar._jit, "held_signals", real)
+
+    assert v.value.committed is True
+    general = len(general_path)
+    v.assign_add(one)
+    assert len(general_path) == general + 1
+    np.testing.assert_array_equal(v.numpy(), np.full(4, 4.0))
+
+
+def test_an_interrupted_reshard_leaves_the_variable_where_it_was(monkeypatch):
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    one = jnp.ones(4)
+    v.assign_add(one)
+    v.assign_add(one)
+    home = v.device
+
+    def interrupted(self):  # a signal handler raising as reshard starts its bookkeeping
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(statevar.Variable, "_forget_compiled", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        v.reshard(jax.devices()[1])
+    monkeypatch.undo()
+
+    assert v.device == home and v.value.committed is False
+    v.assign_add(one)
+    np.testing.assert_array_equal(v.numpy(), np.full(4, 3.0))

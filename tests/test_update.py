@@ -673,6 +673,29 @@ def test_concurrent_assign_add_loses_no_update():
     assert int(v) == 4000
 
 
+@pytest.mark.usefixtures("frequent_thread_switches")
+def test_a_reshard_in_another_thread_loses_no_update():
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    one = jnp.ones(4)
+    devices = jax.devices()[:2]
+
+    def update():
+        for _ in range(1000):
+            v.assign_add(one)
+
+    def move():
+        for i in range(30):
+            v.reshard(devices[i % 2])
+
+    threads = [threading.Thread(target=update), threading.Thread(target=move)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    np.testing.assert_array_equal(v.numpy(), np.full(4, 1000.0))
+
+
 def _check_value(v):
     value = v.value
     # An update is atomic: every element of a read holds the same count.
