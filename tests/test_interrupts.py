@@ -321,6 +321,16 @@ def test_an_update_on_the_hot_paths_terms_inside_a_compiled_step_is_traced(gener
     np.testing.assert_array_equal(v.numpy(), np.full(2, 4.0))
 
 
+def _on_the_hot_path(update):
+    """A variable of four zeros whose eager hot path is open for ``update`` (a method
+    name), and the value that takes it there: ones."""
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    one = jnp.ones(4)
+    getattr(v, update)(one)
+    getattr(v, update)(one)
+    return v, one
+
+
 def _ctrl_c_on_leaving(held_signals):
     """``held_signals`` with a Ctrl-C pressed inside: the handlers defer it, and it is raised
     as they come back, as a Ctrl-C during JAX's first call is."""
@@ -337,10 +347,7 @@ def _ctrl_c_on_leaving(held_signals):
 def test_a_ctrl_c_ending_an_update_that_commits_the_variable_closes_the_hot_path(
     monkeypatch, general_path
 ):
-    v = statevar.Variable(jnp.zeros(4), name="v")
-    one = jnp.ones(4)
-    v.assign(one)
-    v.assign(one)  # the hot path is open for assign
+    v, one = _on_the_hot_path("assign")
     real = statevar._variable.held_signals
     monkeypatch.setattr(statevar._variable, "held_signals", _ctrl_c_on_leaving(real))
 
@@ -358,10 +365,7 @@ def test_a_ctrl_c_ending_an_update_that_commits_the_variable_closes_the_hot_path
 def test_a_ctrl_c_ending_a_first_call_that_commits_a_variable_closes_its_hot_path(
     monkeypatch, general_path
 ):
-    v = statevar.Variable(jnp.zeros(4), name="v")
-    one = jnp.ones(4)
-    v.assign_add(one)
-    v.assign_add(one)  # the hot path is open for assign_add
+    v, one = _on_the_hot_path("assign_add")
     pinned = jax.sharding.SingleDeviceSharding(v.device)
 
     @statevar.jit
@@ -382,10 +386,7 @@ def test_a_ctrl_c_ending_a_first_call_that_commits_a_variable_closes_its_hot_pat
 
 
 def test_an_interrupted_reshard_leaves_the_variable_where_it_was(monkeypatch):
-    v = statevar.Variable(jnp.zeros(4), name="v")
-    one = jnp.ones(4)
-    v.assign_add(one)
-    v.assign_add(one)
+    v, one = _on_the_hot_path("assign_add")
     home = v.device
 
     def interrupted(self):  # a signal handler raising as reshard starts its bookkeeping
