@@ -109,7 +109,7 @@ def _commit_to_arguments(entry: Entry, dynamic: tuple[Any, ...]) -> None:
     takes it as its own. Call it under `_state.update_lock`, after the placement check.
     """
     lifted = entry.lifted
-    if not any(_is_committed(argument) for argument in dynamic) and not any(
+    if not any(map(_placement.is_committed, dynamic)) and not any(
         v._value.committed for v in lifted
     ):
         return
@@ -118,10 +118,6 @@ def _commit_to_arguments(entry: Entry, dynamic: tuple[Any, ...]) -> None:
         variable._replace_array(_placement.put(variable._value, variable._value.sharding))
     if uncommitted and _variable.compile_flags(lifted) == entry.flags:
         entry.epoch = _compile_epoch[0]
-
-
-def _is_committed(value: Any) -> bool:
-    return isinstance(value, jax.Array) and not isinstance(value, Tracer) and value.committed
 
 
 class JitFunction:

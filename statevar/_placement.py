@@ -445,6 +445,12 @@ def _where(array: Any) -> str:
     return "{" + ", ".join(describe(d) for d in devices) + "}"
 
 
+def is_committed(value: Any) -> bool:
+    """Whether ``value`` is a concrete `jax.Array` committed to its devices: JAX runs work
+    on it there, and commits what it computes from it."""
+    return isinstance(value, jax.Array) and not isinstance(value, Tracer) and value.committed
+
+
 def check_same_devices(
     subject: str, arrays: Sequence[Any], name_of: Callable[[int], str], placed: int = 0
 ) -> None:

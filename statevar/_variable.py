@@ -230,11 +230,6 @@ def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     return jax.local_devices()[0]
 
 
-def _is_committed(operand: Any) -> bool:
-    """Whether an update's operand is a committed array (JAX then commits the result)."""
-    return getattr(operand, "committed", False) is True
-
-
 def compiled_key(signature: Any, *, committed: bool) -> Any:
     """The key under which a variable records that it has run the donating call of an
     update of ``signature`` (as `Variable._update` gives it: the bare operation name, that
@@ -737,7 +732,7 @@ class Variable(RefusedInPlace, Readable):
             kernel = copying if shared else donating
             key = compiled_key(signature, committed=old.committed)
             first = key not in self._compiled
-            if not old.committed and any(map(_is_committed, operands)):
+            if not old.committed and any(map(_placement.is_committed, operands)):
                 # JAX commits what it computes from a committed array: the variable becomes
                 # committed. The new compile epoch starts before the store, so that no
                 # exception can leave it committed in the epoch its hot path and compiled
