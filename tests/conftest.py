@@ -1,6 +1,8 @@
 """Test setup: eight CPU devices, so placement and sharding tests run without a GPU."""
 
 import contextlib
+import gc
+import threading
 
 import jax
 import pytest
@@ -49,3 +51,30 @@ def first_calls(monkeypatch):
     monkeypatch.setattr(statevar._jit, "held_signals", counting)
     monkeypatch.setattr(statevar._variable, "held_signals", counting)
     return counted
+
+
+@pytest.fixture
+def collect_garbage():
+    """Returns a function that runs a full collection for certain.
+
+    ``gc.collect()`` returns at once, collecting nothing, while another thread's collection
+    is under way (paused in a finalizer that let go of the GIL): orbax's threads, or any
+    other test's. So this one collects until a full collection has run in this thread.
+    """
+
+    def collect() -> None:
+        caller = threading.get_ident()
+        ran = []
+
+        def note(phase, info):
+            if phase == "stop" and info["generation"] == 2 and threading.get_ident() == caller:
+                ran.append(True)
+
+        gc.callbacks.append(note)
+        try:
+            while not ran:
+                gc.collect()
+        finally:
+            gc.callbacks.remove(note)
+
+    return collect

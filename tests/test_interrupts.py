@@ -8,7 +8,6 @@ asserted holds wherever it lands.
 """
 
 import contextlib
-import gc
 import random
 import signal
 import threading
@@ -193,7 +192,7 @@ def test_an_interrupted_optimizer_step_leaves_parameters_and_state_readable():
 # collector, which warns: orbax's own clean-up, not statevar's.
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
-def test_an_interrupted_restore_leaves_every_variable_old_or_restored(tmp_path):
+def test_an_interrupted_restore_leaves_every_variable_old_or_restored(tmp_path, collect_garbage):
     a = statevar.Variable(jnp.full(64, 1.0), name="a")
     b = statevar.Variable(jnp.full(64, 2.0), name="b")
     statevar.save(tmp_path / "ckpt", [a, b])
@@ -210,7 +209,7 @@ def test_an_interrupted_restore_leaves_every_variable_old_or_restored(tmp_path):
         statevar.restore(tmp_path / "ckpt", [a, b])
         assert float(a[0]) == 1.0 and float(b[0]) == 2.0
     # Finalize orbax's interrupted reads now, under this test's filters, not in a later test.
-    gc.collect()
+    collect_garbage()
 
 
 @pytest.mark.parametrize(

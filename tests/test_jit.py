@@ -911,7 +911,9 @@ def test_a_freed_compiled_function_frees_its_closure_variables_at_once():
 
 
 @pytest.mark.parametrize("refers_back", ["child holds its parent", "a bound method"])
-def test_a_module_that_refers_back_to_itself_is_freed_after_a_compiled_step(refers_back):
+def test_a_module_that_refers_back_to_itself_is_freed_after_a_compiled_step(
+    refers_back, collect_garbage
+):
     class Child(statevar.Module):
         def __init__(self):
             self.w = statevar.Variable(jnp.zeros(4))
@@ -937,7 +939,7 @@ def test_a_module_that_refers_back_to_itself_is_freed_after_a_compiled_step(refe
     freed = weakref.ref(model)
     variable = weakref.ref(model.child.w)
     del model
-    gc.collect()  # the Module refers back to itself: only the collector frees that cycle
+    collect_garbage()  # the Module refers back to itself: only the collector frees that cycle
     assert freed() is None and variable() is None
     assert step.jit_function._cache.entries == {}
 
