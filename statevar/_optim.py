@@ -377,7 +377,8 @@ class Optimizer:
         Raises:
           ValueError: if the Optimizer is not built, ``grads`` is structured differently,
             or a gradient's shape does not match its variable's.
-          TypeError: if a gradient is not an array.
+          TypeError: if a gradient is not an array, or not of the variable's kind: real
+            floating-point for a real variable, complex for a complex one.
         """
         self._require_built("apply gradients with")
         self._check_held()
@@ -439,7 +440,7 @@ class Optimizer:
 
         Raises:
           TypeError: if an item is not a ``(gradient, Variable)`` pair, or a gradient is not
-            an array.
+            an array, or not of the variable's kind (as in `apply`).
           ValueError: if a variable appears twice, is not one the optimizer updates, or a
             gradient's shape does not match its variable's.
           TraceContextError: if the first call, which builds the Optimizer, runs inside
@@ -510,6 +511,10 @@ class Optimizer:
         self._compiled_apply(*flat)
 
     def _apply_traced(self, *grads: Any) -> None:
+        # Checked as the update traces (again for each new signature), so free per step.
+        for variable, gradient in zip(self._params, grads, strict=True):
+            if gradient is not None:
+                _check_gradient_dtype(variable, gradient)
         names = self._param_names
         params = {name: v.value for name, v in zip(names, self._params, strict=True)}
         state = self._state_treedef.unflatten([s.value for s in self._state])
@@ -547,6 +552,21 @@ class Optimizer:
         built = f"{len(self._params)} variables" if self._built else "not built"
         count = len(self.state_variables)
         return f"<statevar.Optimizer {self._name!r}: {built}, {count} state variables>"
+
+
+def _check_gradient_dtype(variable: Variable, gradient: Any) -> None:
+    """Refuses a gradient that no differentiation gives ``variable``: a bool or integer one
+    (optax would cast it silently), or a complex one for a real variable (whose imaginary
+    part the update would drop), and the other way round."""
+    if jnp.issubdtype(variable.dtype, jnp.complexfloating):
+        kind, expected = jnp.complexfloating, "complex"
+    else:
+        kind, expected = jnp.floating, "real floating-point"
+    if not jnp.issubdtype(gradient.dtype, kind):
+        raise TypeError(
+            f"Expected a {expected} gradient for Variable '{variable.name}' "
+            f"({variable.dtype}), got dtype {gradient.dtype}"
+        )
 
 
 # A jax.Array's shape through its abstract value, in C (``Array.shape`` is a Python

@@ -184,6 +184,53 @@ def test_gradient_shape_must_match():
     chex.assert_trees_all_close(w.value, jnp.array([1.0, 2.0]))
 
 
+@pytest.mark.parametrize(
+    ("variable_dtype", "gradient", "message"),
+    [
+        (
+            jnp.float32,
+            jnp.array([True, False]),
+            r"real floating-point gradient for "
+            r"Variable 'w' \(float32\), got dtype bool",
+        ),
+        (jnp.float32, jnp.array([1, 2]), r"real floating-point .* \(float32\), got dtype int32"),
+        (jnp.float32, jnp.array([1j, 2j]), r"real floating-point .*, got dtype complex64"),
+        (
+            jnp.complex64,
+            jnp.array([1.0, 2.0]),
+            r"complex gradient for Variable 'w' "
+            r"\(complex64\), got dtype float32",
+        ),
+    ],
+    ids=["bool", "int", "complex for real", "real for complex"],
+)
+@pytest.mark.parametrize("call", ["apply", "apply_gradients", "in a compiled step"])
+def test_a_gradient_of_another_kind_is_refused_and_changes_nothing(
+    variable_dtype, gradient, message, call
+):
+    w = statevar.Variable(jnp.zeros(2, variable_dtype), name="w")
+    opt = statevar.Optimizer(optax.adam(0.1), [w])
+    opt.apply([jnp.ones(2, variable_dtype)])  # compiled for the right kind first
+    before = [v.value for v in [w, opt.iterations, *opt.state_variables]]
+
+    @statevar.jit
+    def step(g):
+        opt.apply([g])
+
+    apply = {
+        "apply": lambda: opt.apply([gradient]),
+        "apply_gradients": lambda: opt.apply_gradients([(gradient, w)]),
+        "in a compiled step": lambda: step(gradient),
+    }[call]
+    with pytest.raises(TypeError, match=f"Expected a {message}"):
+        apply()
+    chex.assert_trees_all_equal(
+        [v.value for v in [w, opt.iterations, *opt.state_variables]], before
+    )
+    opt.apply([jnp.ones(2, variable_dtype)])
+    assert int(opt.iterations) == 2
+
+
 def test_gradient_must_be_an_array():
     w = statevar.Variable([1.0, 2.0], name="w")
     opt = statevar.Optimizer(optax.sgd(0.1), [w])
