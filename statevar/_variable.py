@@ -852,7 +852,15 @@ class Variable(RefusedInPlace, Readable):
     def _mark_lost(self, cause: str) -> None:
         self._lost = cause
 
+    def __copy__(self) -> Variable:
+        """The variable itself, as for ``tf.Variable``: a variable stands for one piece of
+        state, and a shallow copy sharing its array would part from it at the first update.
+        ``copy.deepcopy`` makes a new variable."""
+        return self
+
     def __deepcopy__(self, memo: dict) -> Variable:
+        """A new variable holding a copy of the value, with the same name, trainable flag
+        and placement."""
         value = self._read()
         copied = Variable(value, trainable=self._trainable, name=self._name, device=self.sharding)
         if not value.committed:

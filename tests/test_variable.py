@@ -609,6 +609,17 @@ def test_deepcopy_is_independent():
     chex.assert_trees_all_close(duplicate.value, jnp.array([7.0, 8.0]))
 
 
+def test_a_shallow_copy_is_the_variable_itself_as_for_tf_variable():
+    v = statevar.Variable([1.0, 2.0], name="w")
+    holder = statevar.Module()
+    holder.w = v
+
+    assert copy.copy(v) is v
+    copy.copy(v).assign_add(1.0)
+    chex.assert_trees_all_close(v.value, jnp.array([2.0, 3.0]))
+    assert copy.copy(holder).w is v  # a shallow copy of a Module shares its variables
+
+
 def test_deepcopy_of_a_structure_holding_a_variable_keeps_sharing_within_it():
     v = statevar.Variable(1.0)
 
