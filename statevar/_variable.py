@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 import sys
 from collections.abc import Callable
 from typing import Any, TypeGuard
@@ -580,7 +581,7 @@ class Variable(RefusedInPlace, Readable):
             function (its selection is known only when the step runs).
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
-        index = self._placed_index(unwrap_index(index))
+        index = self._placed_index(self._slices_read(unwrap_index(index)))
         if (
             isinstance(index, (jax.Array, np.ndarray))
             and index.dtype == np.bool_
@@ -643,6 +644,43 @@ class Variable(RefusedInPlace, Readable):
                 f"Cannot set Variable '{self.name}'[{short_repr(index)}]: {error} "
                 f"(the variable's shape is {self.shape})"
             ) from None
+
+    def _slices_read(self, index: Any) -> Any:
+        """Returns ``index`` with each slice bound that is a Variable or an array read to a
+        Python int, as NumPy reads it (``__index__``).
+
+        A slice is part of the compiled update's static key: a Variable there would key it
+        by identity, so a later update would reuse the bounds it had first.
+
+        Raises:
+          TypeError: for a bound that is not an integer, or that is traced (a slice's size
+            must be known when the step is compiled).
+        """
+
+        def bound(part: Any) -> Any:
+            if part is None or type(part) is int:
+                return part
+            part = read_operand(part)
+            if isinstance(part, Tracer):
+                raise TypeError(
+                    f"Cannot set Variable '{self.name}'[{short_repr(index)}]: a slice bound "
+                    "is traced, so the slice's size is unknown when the step compiles. Use "
+                    "jax.lax.dynamic_update_slice for a slice of fixed size at a traced start"
+                )
+            try:
+                return operator.index(part)
+            except TypeError:
+                raise TypeError(
+                    f"Cannot set Variable '{self.name}'[{short_repr(index)}]: slice bounds "
+                    f"must be integers or None, got {short_repr(part)}"
+                ) from None
+
+        def read(part: Any) -> Any:
+            if isinstance(part, slice):
+                return slice(bound(part.start), bound(part.stop), bound(part.step))
+            return part
+
+        return tuple(map(read, index)) if isinstance(index, tuple) else read(index)
 
     def _placed_index(self, index: Any) -> Any:
         """Refuses deleted index arrays, and copies index arrays on another device to the

@@ -184,6 +184,52 @@ def test_setitem_with_a_variable_as_index():
     chex.assert_trees_all_close(v.value, jnp.array([1.0, 0.0, 3.0]))
 
 
+def test_slice_bounds_that_are_variables_are_read_at_each_update():
+    v = statevar.Variable(jnp.zeros(6), name="v")
+    lo, hi = statevar.Variable(1, name="lo"), statevar.Variable(3, name="hi")
+
+    v[lo:hi] = 1.0
+    lo.assign(4)
+    hi.assign(6)
+    v[lo:hi] = 2.0
+
+    chex.assert_trees_all_equal(v.value, jnp.array([0.0, 1.0, 1.0, 0.0, 2.0, 2.0]))
+
+
+def test_slice_bounds_may_be_integer_arrays_as_in_numpy():
+    v = statevar.Variable(jnp.zeros(4))
+
+    v[jnp.array(1) : jnp.array(3)] = 1.0
+    v[np.int64(3) :: np.int8(1)] = 2.0
+
+    chex.assert_trees_all_equal(v.value, jnp.array([0.0, 1.0, 1.0, 2.0]))
+
+
+def test_a_slice_bound_that_is_not_an_integer_is_refused_by_name():
+    v = statevar.Variable(jnp.zeros(4), name="v")
+
+    with pytest.raises(
+        TypeError, match=r"Variable 'v'\[.*slice bounds must be integers or None, got 0.5"
+    ):
+        v[0.5:2] = 1.0
+    chex.assert_trees_all_equal(v.value, jnp.zeros(4))
+
+
+def test_a_traced_slice_bound_is_refused_by_name_with_the_way_out():
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    lo = statevar.Variable(1, name="lo")
+
+    @statevar.jit
+    def step():
+        v[lo:3] = 1.0
+
+    with pytest.raises(
+        TypeError, match=r"Variable 'v'\[.*a slice bound is traced.*dynamic_update_slice"
+    ):
+        step()
+    chex.assert_trees_all_equal(v.value, jnp.zeros(4))
+
+
 def test_assign_from_another_variable():
     v = statevar.Variable([1.0, 2.0])
     w = statevar.Variable([3.0, 4.0])
