@@ -581,7 +581,7 @@ class Variable(RefusedInPlace, Readable):
             function (its selection is known only when the step runs).
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
-        index = self._placed_index(self._slices_read(unwrap_index(index)))
+        index = self._placed_index(self._concrete_index(unwrap_index(index)))
         if (
             isinstance(index, (jax.Array, np.ndarray))
             and index.dtype == np.bool_
@@ -645,9 +645,10 @@ class Variable(RefusedInPlace, Readable):
                 f"(the variable's shape is {self.shape})"
             ) from None
 
-    def _slices_read(self, index: Any) -> Any:
+    def _concrete_index(self, index: Any) -> Any:
         """Returns ``index`` with each slice bound that is a Variable or an array read to a
-        Python int, as NumPy reads it (``__index__``).
+        Python int, as NumPy reads it (``__index__``), and each list made a NumPy array, as
+        NumPy takes it (a list of bools is a mask).
 
         A slice is part of the compiled update's static key: a Variable there would key it
         by identity, so a later update would reuse the bounds it had first.
@@ -678,6 +679,8 @@ class Variable(RefusedInPlace, Readable):
         def read(part: Any) -> Any:
             if isinstance(part, slice):
                 return slice(bound(part.start), bound(part.stop), bound(part.step))
+            if isinstance(part, list):
+                return np.asarray(part)
             return part
 
         return tuple(map(read, index)) if isinstance(index, tuple) else read(index)

@@ -205,6 +205,21 @@ def test_slice_bounds_may_be_integer_arrays_as_in_numpy():
     chex.assert_trees_all_equal(v.value, jnp.array([0.0, 1.0, 1.0, 2.0]))
 
 
+@pytest.mark.parametrize(
+    "index",
+    [[True, False, True, False], ([True, False, True, False],), [0, 2]],
+    ids=["list of bools", "list of bools in a tuple", "list of ints"],
+)
+def test_setitem_takes_a_list_as_numpy_does(index):
+    v = statevar.Variable(jnp.zeros(4))
+    expected = np.zeros(4, np.float32)
+    expected[index] = 9.0
+
+    v[index] = 9.0
+
+    chex.assert_trees_all_equal(v.value, jnp.asarray(expected))
+
+
 def test_a_slice_bound_that_is_not_an_integer_is_refused_by_name():
     v = statevar.Variable(jnp.zeros(4), name="v")
 
