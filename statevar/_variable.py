@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -178,30 +179,43 @@ def _evaluate_initializer(
     label: str, initial_value: Any, sharding: Any, device: Any
 ) -> tuple[Any, Any]:
     """Returns ``(initial value, target placement)``: for a callable initial value, its
-    result, computed directly with the variable's sharding (never whole on one device
-    first), and that placement; for anything else, the value itself and None.
+    result, and the placement it was computed with (None if it was called eagerly); for
+    anything else, the value itself and None.
+
+    The callable runs once. Eagerly, as ``tf.Variable`` calls it, unless the variable may
+    be spread over devices (``sharding=``, a Sharding as ``device=``, a `statevar.mesh`
+    scope): then it is traced once and computed directly with the variable's sharding,
+    never whole on one device first.
 
     Raises:
-      DtypeMismatchError: if the callable fails, or does not return one array.
+      DtypeMismatchError: if the callable returns a tuple, list or dict, not one array.
       PlacementError: if the placement does not fit (see `Variable`).
+      Exception: whatever the callable raises, with a note naming the variable.
     """
     if not _is_initializer(initial_value):
         return initial_value, None
+    may_spread = sharding is not None or (
+        device is None and isinstance(_placement.current_scope(), _placement.MeshScope)
+    )
     try:
-        abstract = jax.eval_shape(initial_value)
+        if not may_spread:
+            result = initial_value()
+        else:
+            traced = jax.jit(initial_value).trace()
+            result = traced.out_info
     except Exception as error:
-        raise DtypeMismatchError(
-            f"Cannot create Variable '{label}' from the callable {initial_value!r}: {error}"
-        ) from error
-    if not hasattr(abstract, "shape"):
+        error.add_note(f"(raised by the initial value callable of Variable '{label}')")
+        raise
+    if isinstance(result, (tuple, list, dict)) or (may_spread and not hasattr(result, "shape")):
         raise DtypeMismatchError(
             f"Cannot create Variable '{label}': its initial value callable returns "
-            f"{type(abstract).__name__}, expected one array"
+            f"{type(result).__name__}, expected one array"
         )
-    target = _target_sharding(label, abstract.shape, sharding, device, None)
-    if isinstance(target, jax.sharding.Sharding):
-        return jax.jit(initial_value, out_shardings=target)(), target
-    return initial_value(), target
+    if not may_spread:
+        return (result._read() if isinstance(result, Readable) else result), None
+    target = _target_sharding(label, result.shape, sharding, device, None)
+    run = jax.extend.core.jaxpr_as_fun(traced.jaxpr)
+    return jax.jit(lambda: run()[0], out_shardings=target)(), target
 
 
 def _check_initial_value(label: str, initial_value: Any) -> None:
@@ -313,8 +327,10 @@ class Variable(RefusedInPlace, Readable):
     Args:
       initial_value: anything ``jnp.asarray`` accepts, another Variable, or a callable
         taking no arguments that returns the value (``lambda: jax.random.normal(key,
-        shape)``), which is then computed directly with the variable's sharding. It is
-        always copied: the variable never shares memory with it. An array spread over
+        shape)``), called once: eagerly, as ``tf.Variable`` calls it, or, when the
+        variable may be spread over devices (``sharding=``, a `statevar.mesh` scope),
+        traced once and computed directly with its sharding. What the callable raises
+        reaches the caller with a note naming the variable. The value is always copied: the variable never shares memory with it. An array spread over
         several devices keeps its sharding unless ``sharding=`` or ``device=`` is given.
       trainable: whether `statevar.grad` differentiates with respect to this variable;
         True unless the variable is on-read (which cannot be trainable).

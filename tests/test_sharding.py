@@ -261,11 +261,21 @@ def test_bad_mesh_scopes_and_rules_raise():
             statevar.Variable(jnp.ones(3), name="w")
 
 
-def test_bad_callables_raise_naming_the_variable():
-    with pytest.raises(statevar.DtypeMismatchError, match=r"Variable 'w' from the callable"):
-        statevar.Variable(lambda: jnp.ones(3) + jnp.ones(4), name="w")
+@pytest.mark.parametrize("spread", [False, True], ids=["eager", "traced for a sharding"])
+def test_bad_callables_raise_naming_the_variable(spread, mesh):
+    placement = {"sharding": NamedSharding(mesh, P())} if spread else {}
+    with pytest.raises(TypeError, match=r"add got incompatible shapes") as raised:
+        statevar.Variable(lambda: jnp.ones(3) + jnp.ones(4), name="w", **placement)
+    assert "(raised by the initial value callable of Variable 'w')" in raised.value.__notes__
     with pytest.raises(statevar.DtypeMismatchError, match=r"Variable 'w'.*returns tuple"):
-        statevar.Variable(lambda: (jnp.ones(3), jnp.ones(3)), name="w")
+        statevar.Variable(lambda: (jnp.ones(3), jnp.ones(3)), name="w", **placement)
+    with (
+        statevar.mesh(mesh),
+        pytest.raises(
+            statevar.DtypeMismatchError, match=r"Variable 'w'.*returns list, expected one array"
+        ),
+    ):
+        statevar.Variable(lambda: [jnp.ones(3)], name="w")
 
 
 def test_rejected_reshard_changes_no_variable(mesh):

@@ -135,6 +135,24 @@ def test_creation_from_a_numpy_array_copies_it():
     chex.assert_trees_all_close(v.value, jnp.arange(3.0))
 
 
+def test_a_callable_initial_value_is_called_once_eagerly_as_tf_variable_calls_it():
+    rng = np.random.default_rng(0)
+    expected = np.random.default_rng(0).normal(size=2).astype(np.float32)
+
+    seeded = statevar.Variable(lambda: rng.normal(size=2))
+    concrete = statevar.Variable(lambda: jnp.ones(2) * float(jnp.sqrt(4.0)))
+
+    chex.assert_trees_all_equal(seeded.numpy(), expected)  # the first draw: called once
+    chex.assert_trees_all_equal(concrete.numpy(), np.full(2, 2.0, np.float32))
+
+
+def test_what_an_initial_value_callable_raises_reaches_the_caller_naming_the_variable():
+    with pytest.raises(KeyError, match="'k'") as raised:
+        statevar.Variable(lambda: {}["k"], name="w")
+
+    assert raised.value.__notes__ == ["(raised by the initial value callable of Variable 'w')"]
+
+
 @pytest.mark.parametrize(
     ("initial_value", "match"),
     [
