@@ -10,6 +10,7 @@ values, as for a `jax.Array`.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
@@ -45,6 +46,9 @@ class ArrayOperators:
         def _read(self) -> jax.Array: ...
 
     def _binary(self, op: Callable[..., Any], other: Any, reflected: bool = False) -> Any:
+        # Python's operator on the arrays, so that the jax.Array's own rules apply: an
+        # operand it does not take (None, ``pytest.approx``) gets its turn, as it would
+        # against an array, and ``v == None`` is False.
         own = self._read()
         if isinstance(other, ArrayOperators):
             other = other._read()
@@ -56,107 +60,107 @@ class ArrayOperators:
         return op(a)
 
     def __add__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.add, other)
+        return self._binary(operator.add, other)
 
     def __radd__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.add, other, reflected=True)
+        return self._binary(operator.add, other, reflected=True)
 
     def __sub__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.subtract, other)
+        return self._binary(operator.sub, other)
 
     def __rsub__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.subtract, other, reflected=True)
+        return self._binary(operator.sub, other, reflected=True)
 
     def __mul__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.multiply, other)
+        return self._binary(operator.mul, other)
 
     def __rmul__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.multiply, other, reflected=True)
+        return self._binary(operator.mul, other, reflected=True)
 
     def __truediv__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.true_divide, other)
+        return self._binary(operator.truediv, other)
 
     def __rtruediv__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.true_divide, other, reflected=True)
+        return self._binary(operator.truediv, other, reflected=True)
 
     def __floordiv__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.floor_divide, other)
+        return self._binary(operator.floordiv, other)
 
     def __rfloordiv__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.floor_divide, other, reflected=True)
+        return self._binary(operator.floordiv, other, reflected=True)
 
     def __mod__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.mod, other)
+        return self._binary(operator.mod, other)
 
     def __rmod__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.mod, other, reflected=True)
+        return self._binary(operator.mod, other, reflected=True)
 
     def __divmod__(self, other: Operand) -> tuple[jax.Array, jax.Array]:
-        return self._binary(jnp.divmod, other)
+        return self._binary(divmod, other)
 
     def __rdivmod__(self, other: ArrayLike) -> tuple[jax.Array, jax.Array]:
-        return self._binary(jnp.divmod, other, reflected=True)
+        return self._binary(divmod, other, reflected=True)
 
     def __pow__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.power, other)
+        return self._binary(operator.pow, other)
 
     def __rpow__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.power, other, reflected=True)
+        return self._binary(operator.pow, other, reflected=True)
 
     def __matmul__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.matmul, other)
+        return self._binary(operator.matmul, other)
 
     def __rmatmul__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.matmul, other, reflected=True)
+        return self._binary(operator.matmul, other, reflected=True)
 
     def __and__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.bitwise_and, other)
+        return self._binary(operator.and_, other)
 
     def __rand__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.bitwise_and, other, reflected=True)
+        return self._binary(operator.and_, other, reflected=True)
 
     def __or__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.bitwise_or, other)
+        return self._binary(operator.or_, other)
 
     def __ror__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.bitwise_or, other, reflected=True)
+        return self._binary(operator.or_, other, reflected=True)
 
     def __xor__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.bitwise_xor, other)
+        return self._binary(operator.xor, other)
 
     def __rxor__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.bitwise_xor, other, reflected=True)
+        return self._binary(operator.xor, other, reflected=True)
 
     def __lshift__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.left_shift, other)
+        return self._binary(operator.lshift, other)
 
     def __rlshift__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.left_shift, other, reflected=True)
+        return self._binary(operator.lshift, other, reflected=True)
 
     def __rshift__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.right_shift, other)
+        return self._binary(operator.rshift, other)
 
     def __rrshift__(self, other: ArrayLike) -> jax.Array:
-        return self._binary(jnp.right_shift, other, reflected=True)
+        return self._binary(operator.rshift, other, reflected=True)
 
     # Elementwise, as for a jax.Array: the result is an array, not a bool.
     def __eq__(self, other: Any) -> jax.Array:  # type: ignore[override]
-        return self._binary(jnp.equal, other)
+        return self._binary(operator.eq, other)
 
     def __ne__(self, other: Any) -> jax.Array:  # type: ignore[override]
-        return self._binary(jnp.not_equal, other)
+        return self._binary(operator.ne, other)
 
     def __lt__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.less, other)
+        return self._binary(operator.lt, other)
 
     def __le__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.less_equal, other)
+        return self._binary(operator.le, other)
 
     def __gt__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.greater, other)
+        return self._binary(operator.gt, other)
 
     def __ge__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.greater_equal, other)
+        return self._binary(operator.ge, other)
 
     # Identity, not value: a variable is a mutable cell, usable as a dict key.
     __hash__ = object.__hash__
@@ -232,40 +236,40 @@ class RebindingInPlace(ArrayOperators):
     """``x += 1`` on a value: rebinds the name to the new array, as for a `jax.Array`."""
 
     def __iadd__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.add, other)
+        return self._binary(operator.add, other)
 
     def __isub__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.subtract, other)
+        return self._binary(operator.sub, other)
 
     def __imul__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.multiply, other)
+        return self._binary(operator.mul, other)
 
     def __itruediv__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.true_divide, other)
+        return self._binary(operator.truediv, other)
 
     def __ifloordiv__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.floor_divide, other)
+        return self._binary(operator.floordiv, other)
 
     def __imod__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.mod, other)
+        return self._binary(operator.mod, other)
 
     def __ipow__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.power, other)
+        return self._binary(operator.pow, other)
 
     def __imatmul__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.matmul, other)
+        return self._binary(operator.matmul, other)
 
     def __iand__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.bitwise_and, other)
+        return self._binary(operator.and_, other)
 
     def __ior__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.bitwise_or, other)
+        return self._binary(operator.or_, other)
 
     def __ixor__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.bitwise_xor, other)
+        return self._binary(operator.xor, other)
 
     def __ilshift__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.left_shift, other)
+        return self._binary(operator.lshift, other)
 
     def __irshift__(self, other: Operand) -> jax.Array:
-        return self._binary(jnp.right_shift, other)
+        return self._binary(operator.rshift, other)

@@ -330,8 +330,9 @@ class Variable(RefusedInPlace, Readable):
         shape)``), called once: eagerly, as ``tf.Variable`` calls it, or, when the
         variable may be spread over devices (``sharding=``, a `statevar.mesh` scope),
         traced once and computed directly with its sharding. What the callable raises
-        reaches the caller with a note naming the variable. The value is always copied: the variable never shares memory with it. An array spread over
-        several devices keeps its sharding unless ``sharding=`` or ``device=`` is given.
+        reaches the caller with a note naming the variable. The value is always copied:
+        the variable never shares memory with it. An array spread over several devices
+        keeps its sharding unless ``sharding=`` or ``device=`` is given.
       trainable: whether `statevar.grad` differentiates with respect to this variable;
         True unless the variable is on-read (which cannot be trainable).
       name: a name for messages, summaries and checkpoints. Without one, a variable held

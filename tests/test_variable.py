@@ -3,6 +3,7 @@ hashing, copying and use inside plain JAX transformations."""
 
 import copy
 import operator
+from unittest import mock
 
 import chex
 import jax
@@ -270,6 +271,20 @@ def test_binary_operators_between_two_variables():
     chex.assert_trees_all_close(b - a, jnp.array([2.0, 3.0]))
     chex.assert_trees_all_close(a @ b, jnp.array(13.0))
     np.testing.assert_array_equal(a < b, [True, True])
+
+
+def test_an_operand_an_array_does_not_take_gets_its_turn_as_against_an_array():
+    v = statevar.Variable(2.5)
+    array = jnp.asarray(2.5)
+
+    for other in (None, pytest.approx(2.5), mock.ANY, "text"):
+        assert (v == other) == (array == other)
+        assert (v != other) == (array != other)
+    assert v == pytest.approx(2.5)  # as pytest users write it
+    with pytest.raises(TypeError, match=r"unsupported operand type\(s\) for \+"):
+        v + [1.0]
+    with pytest.raises(TypeError, match=r"'<' not supported"):
+        v < "text"  # noqa: B015
 
 
 def test_invert_of_a_boolean_variable():
