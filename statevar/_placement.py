@@ -31,7 +31,8 @@ from ._errors import PlacementError
 
 logger = logging.getLogger("statevar")
 
-_DEVICE_PATTERN = re.compile(r"^(?:.*device:)?([A-Za-z]+)(?::(\d+))?$")
+# "gpu:0" and TensorFlow's spellings: "/GPU:0", "/device:GPU:0", "/job:w/task:0/device:GPU:0".
+_DEVICE_PATTERN = re.compile(r"^(?:.*/)?(?:device:)?([A-Za-z]+)(?::(\d+))?$")
 _PLATFORM_ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
 
@@ -83,8 +84,8 @@ def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> j
     """Turns a device spec into a `jax.Device`, applying soft placement.
 
     Args:
-      spec: ``"cpu"``, ``"cpu:0"``, ``"gpu:0"``, a TF-style ``"/device:GPU:0"``, or a
-        `jax.Device`.
+      spec: ``"cpu"``, ``"cpu:0"``, ``"gpu:0"``, a TF-style ``"/GPU:0"`` or
+        ``"/device:GPU:0"``, or a `jax.Device`.
       what: what is being placed, for messages (e.g. ``"Variable 'w'"``).
       stacklevel: how far up the stack the caller to blame for the warning is.
 
@@ -106,8 +107,8 @@ def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> j
     platform = _PLATFORM_ALIASES.get(match.group(1).lower()) if match else None
     if platform is None:
         raise ValueError(
-            f"Cannot parse device spec {spec!r}: expected 'cpu', 'gpu' or 'tpu', "
-            "optionally with an index, e.g. 'gpu:0'"
+            f"Cannot parse device spec {spec!r}{f' for {what}' if what else ''}: expected "
+            "'cpu', 'gpu' or 'tpu', optionally with an index, e.g. 'gpu:0' or '/GPU:0'"
         )
     assert match is not None  # a spec that does not match has no platform
     index = int(match.group(2) or 0)

@@ -46,7 +46,16 @@ _MISSING = [
 
 @pytest.mark.parametrize(
     ("spec", "index"),
-    [("cpu:1", 1), ("cpu:3", 3), ("cpu", 0), ("CPU:2", 2), ("/device:CPU:1", 1)],
+    [
+        ("cpu:1", 1),
+        ("cpu:3", 3),
+        ("cpu", 0),
+        ("CPU:2", 2),
+        ("/device:CPU:1", 1),
+        ("/CPU:2", 2),
+        ("/cpu:3", 3),
+        ("/job:localhost/replica:0/task:0/device:CPU:1", 1),
+    ],
 )
 def test_device_argument_places_the_variable(spec, index):
     v = statevar.Variable([1.0, 2.0], device=spec)
@@ -530,10 +539,12 @@ def test_device_spec_of_the_wrong_type_raises_type_error(spec):
             pass
 
 
-@pytest.mark.parametrize("spec", ["banana:0", "", "cpu:x", "cpu:0:1", "gpu-0", ":0"])
+@pytest.mark.parametrize("spec", ["banana:0", "", "cpu:x", "cpu:0:1", "gpu-0", ":0", "/", "cpu/"])
 def test_unparseable_device_spec_raises_value_error(spec):
-    with pytest.raises(ValueError, match=r"Cannot parse device spec .*: expected 'cpu', 'gpu'"):
-        statevar.Variable(1.0, device=spec)
+    with pytest.raises(
+        ValueError, match=r"Cannot parse device spec .* for Variable 'w': expected 'cpu', 'gpu'"
+    ):
+        statevar.Variable(1.0, device=spec, name="w")
     with pytest.raises(ValueError, match=r"Cannot parse device spec"):
         with statevar.device(spec):
             pass
