@@ -48,12 +48,28 @@ def _transformation(tx: Any, hyperparameters: dict[str, Any]) -> Any:
         return tx
     if callable(tx) and hyperparameters:
         factory = cast(Callable[..., optax.GradientTransformation], tx)
-        built = optax.inject_hyperparams(factory)(**hyperparameters)
+        rate = hyperparameters.get(_LEARNING_RATE)
+        if type(rate) is int:  # a float from the start, so that it can be set to 0.5 later
+            hyperparameters = {**hyperparameters, _LEARNING_RATE: float(rate)}
+        built = optax.inject_hyperparams(factory, static_args=_static_args(hyperparameters))(
+            **hyperparameters
+        )
         if hasattr(built, "init") and hasattr(built, "update"):
             return built
     raise TypeError(
         "Expected an optax.GradientTransformation such as optax.adam(1e-3), or a factory "
         f"such as optax.adam with its hyperparameters as keywords; got {type(tx).__name__}"
+    )
+
+
+def _static_args(hyperparameters: dict[str, Any]) -> tuple[str, ...]:
+    """The callable hyperparameters that are not schedules, which `optax.inject_hyperparams`
+    would call with the step count: dtypes (``mu_dtype=jnp.bfloat16``) and masks
+    (``mask=``, ``weight_decay_mask=``: functions of the parameters)."""
+    return tuple(
+        name
+        for name, value in hyperparameters.items()
+        if callable(value) and (isinstance(value, type) or name.endswith("mask"))
     )
 
 

@@ -622,6 +622,41 @@ def test_a_bad_learning_rate_is_refused_and_leaves_it_unchanged():
     assert float(opt.learning_rate) == 0.5
 
 
+def test_an_integer_learning_rate_is_a_float_rate_that_can_be_set_later():
+    w = statevar.Variable([1.0], name="w")
+    opt = statevar.Optimizer(optax.sgd, w, learning_rate=1)
+
+    opt.learning_rate = 0.5
+    opt.apply(jnp.ones(1))
+
+    assert opt.learning_rate.dtype == jnp.float32
+    assert float(w[0]) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("factory", "hyperparameters"),
+    [
+        (optax.adamw, {"mask": lambda params: jax.tree.map(lambda p: p.ndim > 1, params)}),
+        (optax.lamb, {"mask": lambda params: jax.tree.map(lambda p: True, params)}),
+        (optax.adam, {"mu_dtype": jnp.bfloat16}),
+        (optax.sgd, {"momentum": 0.9, "nesterov": True}),
+    ],
+    ids=["adamw mask", "lamb mask", "mu_dtype", "nesterov"],
+)
+def test_a_factorys_non_schedule_hyperparameters_are_passed_as_they_are(factory, hyperparameters):
+    w = statevar.Variable(jnp.ones((2, 2)), name="w")
+    opt = statevar.Optimizer(factory, w, learning_rate=0.1, **hyperparameters)
+    tx = factory(learning_rate=0.1, **hyperparameters)
+    state = tx.init(w.value)
+    updates, _ = tx.update(jnp.ones((2, 2)), state, w.value)
+    expected = optax.apply_updates(w.value, updates)
+
+    opt.apply(jnp.ones((2, 2)))
+
+    chex.assert_trees_all_close(w.value, expected, rtol=1e-6)
+    opt.learning_rate = 0.05  # still a hyperparameter that can be set
+
+
 @pytest.mark.parametrize(
     ("tx", "hyperparameters", "message"),
     [
