@@ -31,6 +31,7 @@ from ._checkpoint import (
 )
 from ._errors import CheckpointExistsError, CheckpointNotFoundError
 from ._manifest import MANIFEST, STEP_ITEM, write_manifest
+from ._view import Readable
 
 if TYPE_CHECKING:
     import orbax.checkpoint as ocp
@@ -114,7 +115,8 @@ class CheckpointManager:
         manifest are never listed, and left alone.
 
         Args:
-          step: the step number, a non-negative int.
+          step: the step number, a non-negative int, or a scalar integer array or
+            Variable such as ``optimizer.iterations``, read now.
           target: a Variable, a Module, an Optimizer, or a (possibly nested) list, tuple or
             dict of them.
 
@@ -205,7 +207,7 @@ class CheckpointManager:
         Raises:
           CheckpointNotFoundError: (a FileNotFoundError) if ``step`` is given and holds no
             complete checkpoint; the message lists the steps there are.
-          TypeError, ValueError: if ``step`` is not a non-negative int.
+          TypeError, ValueError: if ``step`` is not a non-negative integer.
           CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
         """
         check_untraced("restore")
@@ -235,12 +237,18 @@ class CheckpointManager:
 
 
 def _checked_step(step: Any) -> int:
-    """Returns ``step`` as an int.
+    """Returns ``step`` as an int: an int, or a scalar integer array or Variable (such as
+    ``optimizer.iterations``), read now.
 
     Raises:
-      TypeError: if it is not an int (a bool, a float such as 5.0).
+      TypeError: if it is not an integer (a bool, a float such as 5.0).
       ValueError: if it is negative.
     """
+    if isinstance(step, Readable):
+        step = step.numpy()
+    if isinstance(step, (jax.Array, np.ndarray)) and step.ndim == 0:
+        if np.issubdtype(step.dtype, np.integer):
+            step = int(step)
     if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
         raise TypeError(f"Expected the step to be an int, got {type(step).__name__} {step!r}")
     if step < 0:

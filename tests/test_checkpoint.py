@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import optax
 import pytest
 
 import statevar
@@ -643,6 +644,24 @@ def test_manager_accepts_a_numpy_integer_step(tmp_path):
     manager = statevar.CheckpointManager(tmp_path)
     manager.save(np.int64(4), statevar.Variable(1.0))
     assert manager.all_steps() == [4]
+
+
+def test_manager_takes_a_scalar_integer_array_or_variable_as_the_step(tmp_path):
+    manager = statevar.CheckpointManager(tmp_path)
+    w = statevar.Variable(1.0, name="w")
+    opt = statevar.Optimizer(optax.sgd(0.1), w)
+    opt.apply(jnp.ones(()))
+
+    manager.save(jnp.array(13), w)
+    manager.save(opt.iterations, w)  # as Keras users pass optimizer.iterations
+    w.assign(5.0)
+    manager.restore(w, step=jnp.array(13))
+
+    assert manager.all_steps() == [1, 13] and float(w) == pytest.approx(0.9)
+    with pytest.raises(TypeError, match=r"step to be an int, got ArrayImpl"):
+        manager.save(jnp.array(2.0), w)
+    with pytest.raises(TypeError, match=r"step to be an int, got ArrayImpl"):
+        manager.save(jnp.array([2]), w)
 
 
 @pytest.mark.parametrize("max_to_keep", [0, -2, 1.5, True])
