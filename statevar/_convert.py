@@ -323,6 +323,10 @@ def _classify(value: Any, action: str, dtype: np.dtype) -> _Source:
         array = np.asarray(value)
     except (TypeError, ValueError):
         array = np.asarray(None)
+    if array.size == 0 and array.dtype == np.float64 and not isinstance(value, np.ndarray):
+        # An empty list holds no numbers; NumPy's float64 for it says nothing about them.
+        array = array.astype(dtype)
+        return _Source(array, family(dtype), array.shape, array.dtype)
     source = family(array.dtype)
     if source is None:
         raise DtypeMismatchError(

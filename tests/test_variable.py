@@ -734,6 +734,17 @@ def test_dtype_at_creation_converts_integers_in_range_exactly(source):
     np.testing.assert_array_equal(v.numpy(), [100, -100])
 
 
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_, jnp.bfloat16])
+def test_an_empty_list_takes_the_variables_dtype_as_jnp_asarray_does(dtype):
+    created = statevar.Variable([], dtype=dtype)
+    v = statevar.Variable(jnp.zeros((2, 0), dtype))
+
+    v.assign([[], []])
+
+    assert created.dtype == dtype and created.shape == (0,)
+    assert v.dtype == dtype and v.shape == (2, 0)
+
+
 def test_dtype_at_creation_follows_the_rules_of_assign():
     # The same value is refused at creation exactly when assign refuses it.
     for value in (jnp.array([1.5]), jnp.array([300]), jnp.array([True])):
