@@ -237,7 +237,13 @@ class JitFunction:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables'
         arrays: the warm call, or the first call of an entry (see `_first_call`)."""
         if entry.epoch != _compile_epoch[0]:
-            if _variable.compile_flags(entry.lifted) != entry.flags:
+            if entry.structure != _state.structure_epoch[0]:
+                # A Module replaced a variable or a sub-Module: traced again from scratch,
+                # so that the trace reaches what the Modules hold now (what earlier traces
+                # found, `extra`, may be what was replaced).
+                entry = self._compile(entry.split, (), ())
+                self._cache.entries[key] = entry
+            elif _variable.compile_flags(entry.lifted) != entry.flags:
                 entry = self._compile(entry.split, entry.extra, entry.refs)
                 self._cache.entries[key] = entry
             else:
@@ -445,7 +451,9 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     variable reached any other way is found while tracing, and the call traces once more,
     lifting it, before running anything. As with ``tf.function``, captured
     variables are bound when the function is traced: rebinding a global name to a new
-    Variable afterwards is not seen (pass it as an argument instead).
+    Variable afterwards is not seen (pass it as an argument instead). A Module replacing
+    or deleting a variable or a sub-Module by attribute is seen: every compiled step
+    traces again on its next call.
 
     Args:
       fn: the function. Its arguments may hold Variables, Modules, arrays and Python

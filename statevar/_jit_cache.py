@@ -96,11 +96,24 @@ class Entry:
       jitted: the `jax.jit` of the pure function.
       flags: `_variable.compile_flags` of ``lifted`` when traced; checked again whenever
         a trainable flag or a sharding changed anywhere (a new ``epoch``).
+      structure: `_state.structure_epoch` when made: a Module that replaced a variable or
+        a sub-Module since makes a new entry, traced again.
       call: the lean warm call (see `_warm_call.warm_call`), once the entry has run; None
         before.
     """
 
-    __slots__ = ("lifted", "refs", "split", "extra", "jitted", "flags", "epoch", "call", "_traced")
+    __slots__ = (
+        "lifted",
+        "refs",
+        "split",
+        "extra",
+        "jitted",
+        "flags",
+        "epoch",
+        "structure",
+        "call",
+        "_traced",
+    )
 
     def __init__(
         self,
@@ -119,6 +132,7 @@ class Entry:
         self.jitted = jax.jit(pure, donate_argnums=0, **{"keep_unused": True, **jit_kwargs})
         self.flags = _variable.compile_flags(lifted)
         self.epoch = _compile_epoch[0]
+        self.structure = _state.structure_epoch[0]
         self.call: Callable[[tuple[Any, ...]], Any] | None = None
 
     def arrays(self) -> tuple[list[jax.Array], list[jax.Array]]:

@@ -6,6 +6,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from . import _state
 from ._summary import module_repr, summary
 from ._tree import Node, label, named_variables, walk
 from ._variable import Variable
@@ -63,7 +64,11 @@ class Module(Node):
         return found
 
     def __setattr__(self, name: str, value: Any) -> None:
+        old = self.__dict__.get(name)
         super().__setattr__(name, value)
+        if old is not value and _holds_state(old):
+            # A compiled step traced before reads the old one: it traces again.
+            _state.bump_structure_epoch()
         if isinstance(value, (Variable, Module, list, tuple, dict)):
             # Unnamed variables are known by their path as soon as they are assigned: a
             # layer's by "kernel", then by "layers/0/kernel" once the model holds the layer.
@@ -72,6 +77,12 @@ class Module(Node):
                 for path, item in found:
                     if isinstance(item, Variable):
                         label(item, path)
+
+    def __delattr__(self, name: str) -> None:
+        old = self.__dict__.get(name)
+        super().__delattr__(name)
+        if _holds_state(old):
+            _state.bump_structure_epoch()
 
     def named_variables(self) -> dict[str, Variable]:
         """Returns every variable by its name: its explicit ``name=``, else its path.
@@ -150,3 +161,17 @@ class Module(Node):
 
     def _statevar_variables(self) -> tuple[Variable, ...]:
         return self.variables
+
+
+def _holds_state(value: Any) -> bool:
+    """Whether ``value`` is a Variable or a Node, or a list, tuple or dict holding one at
+    any depth: what a Module attribute holds that a compiled step may have read."""
+    pending, seen = [value], set()
+    while pending:
+        item = pending.pop()
+        if isinstance(item, (Variable, Node)):
+            return True
+        if isinstance(item, (list, tuple, dict)) and id(item) not in seen:
+            seen.add(id(item))
+            pending.extend(item.values() if isinstance(item, dict) else item)
+    return False

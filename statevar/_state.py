@@ -27,6 +27,12 @@ update_lock = threading.RLock()
 # closes (see `hot_epoch`).
 compile_epoch = [0]
 
+# Counts replacements of a variable or a sub-Module held by a Module (``model.kernel =
+# Variable(...)``), changed by `bump_structure_epoch`: a compiled step traced before reads
+# the old one, wherever it reached it (a closure, an attribute read while tracing), so it
+# traces again.
+structure_epoch = [0]
+
 # Number of trace frames open in any thread: while it is 0 (almost always, outside a first
 # call), nothing is traced and reads and updates skip `_trace`'s per-thread lookup. Changed only by
 # `enter_trace_frame` and `exit_trace_frame`.
@@ -75,6 +81,15 @@ def bump_compile_epoch() -> None:
     with _counters_lock:
         compile_epoch[0] += 1
         _set_hot_epoch()
+
+
+def bump_structure_epoch() -> None:
+    """Records that a Module replaced or dropped a variable or a sub-Module: every compiled
+    step traces again on its next call (through a new compile epoch, which its warm call
+    checks)."""
+    with _counters_lock:
+        structure_epoch[0] += 1
+    bump_compile_epoch()
 
 
 def _set_hot_epoch() -> None:

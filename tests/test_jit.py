@@ -12,6 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import statevar
@@ -407,6 +408,106 @@ def test_replacing_a_variable_in_a_module_argument_retraces():
     holder.w = statevar.Variable(100.0)
     bump(holder)
     assert (float(old), float(holder.w)) == (2.0, 101.0)
+
+
+class _Dense(statevar.Module):
+    def __init__(self):
+        self.kernel = statevar.Variable(jnp.ones((2, 1)), name="kernel")
+
+    def __call__(self, x):
+        return x @ self.kernel
+
+
+def test_a_variable_a_closure_module_replaced_is_seen_as_eagerly():
+    model = _Dense()
+    x = jnp.ones((1, 2))
+
+    @statevar.jit
+    def forward_and_bump():
+        model.kernel.assign_add(1.0)
+        return model(x)
+
+    forward_and_bump()
+    old = weakref.ref(model.kernel)
+    gc.disable()  # freed by reference counting alone
+    try:
+        model.kernel = statevar.Variable(jnp.full((2, 1), 5.0))
+        result = forward_and_bump()
+        assert old() is None  # not kept alive by the step traced before
+    finally:
+        gc.enable()
+    chex.assert_trees_all_equal(result, jnp.array([[12.0]]))
+    chex.assert_trees_all_equal(model.kernel.value, jnp.full((2, 1), 6.0))
+
+
+def test_a_sub_module_a_closure_module_replaced_is_seen_as_eagerly():
+    class Net(statevar.Module):
+        def __init__(self):
+            self.layers = [_Dense()]
+
+    net = Net()
+    x = jnp.ones((1, 2))
+    step = statevar.jit(lambda: net.layers[0](x))
+    step()
+
+    net.layers = [_Dense(), _Dense()]
+    net.layers[0].kernel.assign(jnp.full((2, 1), 3.0))
+
+    chex.assert_trees_all_equal(step(), jnp.array([[6.0]]))
+
+
+def test_an_optimizer_in_a_compiled_step_refuses_a_replaced_variable_as_eagerly():
+    model = _Dense()
+    opt = statevar.Optimizer(optax.sgd(0.1), model)
+    loss_and_grads = statevar.value_and_grad(lambda: jnp.sum(model(jnp.ones((4, 2)))), model)
+
+    @statevar.jit
+    def train_step():
+        loss, grads = loss_and_grads()
+        opt.apply(grads)
+        return loss
+
+    train_step()
+    replaced = model.kernel
+    model.kernel = statevar.Variable(jnp.full((2, 1), 5.0), name="kernel")
+    before = [v.value for v in (replaced, model.kernel, *opt.state_variables)]
+
+    with pytest.raises(ValueError, match=r"no longer holds the variables it optimizes at 'kernel'"):
+        train_step()
+    chex.assert_trees_all_equal(
+        [v.value for v in (replaced, model.kernel, *opt.state_variables)], before
+    )
+
+
+def test_setting_a_module_attribute_that_holds_no_variable_traces_nothing_again():
+    model = _Dense()
+    model.scale = 2.0
+    traces = []
+
+    @statevar.jit
+    def step(x):
+        traces.append(1)
+        return model(x) * model.scale  # the scale is baked in, as with tf.function
+
+    step(jnp.ones((1, 2)))
+    model.scale = 3.0
+    model.note = jnp.ones(3)
+    model.kernel = model.kernel  # the same variable
+    step(jnp.ones((1, 2)))
+
+    assert len(traces) == 1
+
+
+def test_deleting_a_variable_a_compiled_step_read_is_seen_as_eagerly():
+    model = _Dense()
+    model.bias = statevar.Variable(1.0)
+    step = statevar.jit(lambda: model.bias + 1.0)
+    step()
+
+    del model.bias
+
+    with pytest.raises(AttributeError, match="bias"):
+        step()
 
 
 class _Block(statevar.Module):
