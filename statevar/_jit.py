@@ -349,6 +349,23 @@ class JitFunction:
             except PlacementError as refused:
                 return refused
             return error
+        debugging = jax.config.jax_debug_nans or jax.config.jax_debug_infs  # pyright: ignore[reportAttributeAccessIssue]
+        if debugging and _is_deleted_error(error):
+            # The step ran and gave a NaN or an infinity: JAX ran it again, operation by
+            # operation, to find where, on the buffers the first run had been donated.
+            for variable in deleted:
+                variable._mark_lost(
+                    f"was donated to the statevar.jit function {self.__name__!r}, which "
+                    "gave a NaN or an infinity under jax_debug_nans or jax_debug_infs"
+                )
+            return FloatingPointError(
+                f"The statevar.jit function {self.__name__!r} gave a NaN or an infinity "
+                "(jax_debug_nans or jax_debug_infs is on). JAX runs the step again to find "
+                "where, but the step had been given its variables' buffers (donated), so "
+                f"these variables lost their values: {', '.join(repr(v.name) for v in deleted)}. "
+                "To find NaNs without losing state, use jax.experimental.checkify in the "
+                "step, or run its function without statevar.jit under jax_debug_nans."
+            )
         if _is_deleted_error(error):
             # JAX refused the call before running it: the arrays were deleted beforehand.
             return deleted[0]._deleted_error(

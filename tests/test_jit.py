@@ -1108,3 +1108,30 @@ def test_a_warm_step_runs_no_python_code_while_its_variables_are_donated():
         sys.setprofile(None)
     assert entered_while_donated == []
     assert float(a[0]) == 8.0 == -float(b[0])
+
+
+def test_a_nan_found_under_jax_debug_nans_names_the_variables_that_lost_their_values():
+    w = statevar.Variable([1.0, -1.0], name="w")
+    steps = statevar.Variable(0, name="steps")
+
+    @statevar.jit
+    def step(x):
+        steps.assign_add(1)
+        w.assign(w * x)
+        return jnp.sum(jnp.log(w))
+
+    step(jnp.ones(2))
+    # JAX runs the step again to find the NaN, on the buffers the first run was given.
+    with (
+        jax.debug_nans(True),
+        pytest.raises(
+            FloatingPointError,
+            match=r"'step' gave a NaN or an infinity .* lost their values: '(steps|w)', '(steps|w)'",
+        ),
+    ):
+        step(jnp.ones(2))
+    with pytest.raises(ValueError, match=r"Cannot read Variable 'w': .*gave a NaN"):
+        w.numpy()
+    w.assign([1.0, 2.0])  # as for any lost value, assign restores it
+    steps.assign(0)
+    chex.assert_trees_all_close(step(jnp.ones(2)), jnp.log(2.0))
