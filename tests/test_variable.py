@@ -287,6 +287,22 @@ def test_an_operand_an_array_does_not_take_gets_its_turn_as_against_an_array():
         v < "text"  # noqa: B015
 
 
+def test_jax_lax_and_indexing_an_array_by_a_variable_need_its_value():
+    """JAX no longer converts an object through ``__jax_array__`` where it takes an array's
+    abstract value (the README's known limits): pinned, so that a JAX that does again is
+    noticed."""
+    step = statevar.Variable(2)
+    schedule = jnp.arange(10.0)
+
+    with pytest.raises(ValueError, match=r"__jax_array__\(\) during abstractification"):
+        schedule[step]
+    with pytest.raises(ValueError, match=r"__jax_array__\(\) during abstractification"):
+        jax.lax.exp(statevar.Variable(1.0))
+    assert float(schedule[step.value]) == 2.0
+    chex.assert_trees_all_close(jax.lax.exp(statevar.Variable(1.0).value), jnp.exp(1.0))
+    assert float(jnp.take(schedule, step)) == 2.0  # jnp functions take it directly
+
+
 def test_invert_of_a_boolean_variable():
     np.testing.assert_array_equal(~statevar.Variable([True, False]), [False, True])
 
