@@ -9,6 +9,7 @@ every update; a rejected value raises before anything is donated.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import jax
@@ -263,7 +264,16 @@ def initial_dtype(initial_value: Any, dtype: Any, label: str) -> np.dtype:
             f"Cannot create Variable '{label}' with dtype {requested}: expected a bool, "
             "integer, floating or complex dtype"
         )
-    return jax.dtypes.canonicalize_dtype(requested)
+    stored = jax.dtypes.canonicalize_dtype(requested)
+    if dtype is not None and stored != requested:
+        # As jnp.array(x, dtype=jnp.float64) warns.
+        warnings.warn(
+            f"Variable '{label}' was given dtype {requested}, which JAX does not store "
+            f"without the jax_enable_x64 configuration option: it holds {stored}",
+            UserWarning,
+            stacklevel=3,
+        )
+    return stored
 
 
 def _own_dtype(value: Any, label: str) -> np.dtype:

@@ -1,6 +1,7 @@
 """Tests of `statevar.Variable` as a value: creation, dtypes, array behaviour, names, repr,
 hashing, copying and use inside plain JAX transformations."""
 
+import contextlib
 import copy
 import operator
 from unittest import mock
@@ -792,15 +793,37 @@ def test_64_bit_integers_at_creation_are_checked_against_the_dtype_jax_stores(so
     # With x64 off JAX stores int64 as int32 (and uint64 as uint32), wrapping larger values:
     # the range is checked against the dtype the variable will have, as assign does.
     assert not jax.config.jax_enable_x64
-    with pytest.raises(statevar.DtypeMismatchError, match=f"Cannot create Variable 'w': .*{shown}"):
+    warned = (
+        pytest.warns(UserWarning, match=r"Variable 'w' was given dtype (u?)int64")
+        if dtype is not None
+        else contextlib.nullcontext()
+    )
+    with (
+        warned,
+        pytest.raises(statevar.DtypeMismatchError, match=f"Cannot create Variable 'w': .*{shown}"),
+    ):
         statevar.Variable(source(), dtype=dtype, name="w")
 
 
 def test_64_bit_integers_in_range_are_created_exactly():
-    v = statevar.Variable(np.array([2**31 - 1, -(2**31)]), dtype=jnp.int64)
+    with pytest.warns(UserWarning, match=r"given dtype int64, which JAX does not store"):
+        v = statevar.Variable(np.array([2**31 - 1, -(2**31)]), dtype=jnp.int64)
 
     assert v.dtype == jnp.int32
     np.testing.assert_array_equal(v.numpy(), [2**31 - 1, -(2**31)])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.complex128, jnp.uint64])
+def test_a_64_bit_dtype_jax_does_not_store_warns_as_jnp_array_does(dtype):
+    stored = jax.dtypes.canonicalize_dtype(dtype)
+    with pytest.warns(
+        UserWarning,
+        match=rf"Variable 'w' was given dtype {jnp.dtype(dtype)}, which JAX does not store "
+        rf"without the jax_enable_x64 configuration option: it holds {stored}",
+    ):
+        v = statevar.Variable(1, dtype=dtype, name="w")
+
+    assert v.dtype == stored
 
 
 @pytest.mark.parametrize(
