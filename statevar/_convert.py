@@ -83,10 +83,18 @@ def fits_weakly(value: int, dtype: np.dtype) -> bool:
     """Whether a Python int can enter a jitted update as it is (a weak int32) and fit ``dtype``."""
     if not _INT32_MIN <= value <= _INT32_MAX:
         return False
-    if family(dtype) != INT:
-        return True
-    smallest, largest = integer_range(dtype)
-    return smallest <= value <= largest
+    kind = family(dtype)
+    if kind == INT:
+        smallest, largest = integer_range(dtype)
+        return smallest <= value <= largest
+    if kind == FLOAT:  # 70000 would be inf in float16: checked on the host instead
+        return abs(value) <= _float_max(dtype)
+    return True
+
+
+@functools.cache
+def _float_max(dtype: np.dtype) -> float:
+    return float(jnp.finfo(dtype).max)
 
 
 def convert_host_integers(value: int | np.ndarray | np.generic, dtype: np.dtype) -> Any:

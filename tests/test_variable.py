@@ -828,8 +828,8 @@ def test_a_64_bit_dtype_jax_does_not_store_warns_as_jnp_array_does(dtype):
 
 @pytest.mark.parametrize(
     "value, dtype",
-    [(2**31, jnp.float16), ("7", jnp.int32), (np.array(["7"]), jnp.int32)],
-    ids=["int-overflowing-float16", "str", "str-array"],
+    [(2**31, jnp.float16), (70000, jnp.float16), ("7", jnp.int32), (np.array(["7"]), jnp.int32)],
+    ids=["int-overflowing-float16", "int32-overflowing-float16", "str", "str-array"],
 )
 def test_creation_refuses_what_assign_refuses_with_the_same_message(value, dtype):
     target = statevar.Variable(jnp.zeros(np.shape(value), dtype), name="w")
