@@ -267,6 +267,8 @@ def initial_dtype(initial_value: Any, dtype: Any, label: str) -> np.dtype:
             ) from None
     else:
         requested = _own_dtype(initial_value, label)
+    if not requested.isnative:
+        requested = requested.newbyteorder("=")  # a big-endian NumPy array's, say
     if family(requested) is None:
         raise DtypeMismatchError(
             f"Cannot create Variable '{label}' with dtype {requested}: expected a bool, "
@@ -326,6 +328,8 @@ def _enters_as_it_is(value: Any, current: jax.Array | jax.ShapeDtypeStruct) -> b
 def _classify(value: Any, action: str, dtype: np.dtype) -> _Source:
     """Classifies an update's value: an array (refusing a tracer outside statevar's
     transformations), a Python scalar, or anything NumPy reads as a numeric array."""
+    if isinstance(value, np.ndarray) and not value.dtype.isnative:
+        value = value.astype(value.dtype.newbyteorder("="))  # as jnp.asarray reads it
     if isinstance(value, (jax.Array, np.ndarray, np.generic)):
         if isinstance(value, Tracer) and _trace.innermost() is None:
             raise TraceContextError(

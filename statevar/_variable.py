@@ -664,8 +664,9 @@ class Variable(RefusedInPlace, Readable):
 
     def _concrete_index(self, index: Any) -> Any:
         """Returns ``index`` with each slice bound that is a Variable or an array read to a
-        Python int, as NumPy reads it (``__index__``), and each list made a NumPy array, as
-        NumPy takes it (a list of bools is a mask).
+        Python int, as NumPy reads it (``__index__``), each list made a NumPy array, as
+        NumPy takes it (a list of bools is a mask), and each big-endian NumPy array made
+        native.
 
         A slice is part of the compiled update's static key: a Variable there would key it
         by identity, so a later update would reuse the bounds it had first.
@@ -698,6 +699,8 @@ class Variable(RefusedInPlace, Readable):
                 return slice(bound(part.start), bound(part.stop), bound(part.step))
             if isinstance(part, list):
                 return np.asarray(part)
+            if isinstance(part, np.ndarray) and not part.dtype.isnative:
+                return part.astype(part.dtype.newbyteorder("="))  # as jnp.asarray reads it
             return part
 
         return tuple(map(read, index)) if isinstance(index, tuple) else read(index)

@@ -220,6 +220,19 @@ def test_setitem_takes_a_list_as_numpy_does(index):
     chex.assert_trees_all_equal(v.value, jnp.asarray(expected))
 
 
+def test_big_endian_numpy_values_and_indices_are_taken_as_jnp_asarray_takes_them():
+    created = statevar.Variable(np.array([1, 2], ">i4"))
+    v = statevar.Variable(jnp.zeros(3))
+
+    v.assign(np.array([4, 5, 6], ">f4"))
+    v.assign_add(np.array([1, 1, 1], ">i2"))
+    v[np.array([0], ">i8")] = 9.0
+
+    assert created.dtype == jnp.int32
+    chex.assert_trees_all_equal(created.value, jnp.array([1, 2], jnp.int32))
+    chex.assert_trees_all_equal(v.value, jnp.array([9.0, 6.0, 7.0]))
+
+
 def test_a_slice_bound_that_is_not_an_integer_is_refused_by_name():
     v = statevar.Variable(jnp.zeros(4), name="v")
 
