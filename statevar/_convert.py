@@ -267,7 +267,7 @@ def initial_dtype(initial_value: Any, dtype: Any, label: str) -> np.dtype:
             ) from None
     else:
         requested = _own_dtype(initial_value, label)
-    if not requested.isnative:
+    if not getattr(requested, "isnative", True):  # (JAX's extended dtypes have none)
         requested = requested.newbyteorder("=")  # a big-endian NumPy array's, say
     if family(requested) is None:
         raise DtypeMismatchError(
