@@ -377,7 +377,7 @@ class Optimizer:
 
     # ----------------------------------------------------------------- updates
 
-    def apply(self, grads: Any) -> None:
+    def apply(self, grads: Any, **extra_args: Any) -> None:
         """Updates the variables in place from ``grads``.
 
         Donates the variables' and the state's buffers when nothing else holds them;
@@ -389,6 +389,9 @@ class Optimizer:
             variable the loss did not read) leaves that variable and its optimizer state
             unchanged, as Keras does for the variables it is not given; the first time an
             optimized variable gets None, a warning names it.
+          **extra_args: passed to the transformation's update, for those that take more
+            than the gradients: ``value=loss`` for ``optax.contrib.reduce_on_plateau``.
+            Arrays among them are traced, so a new loss each step compiles nothing again.
 
         Raises:
           ValueError: if the Optimizer is not built, ``grads`` is structured differently,
@@ -414,7 +417,7 @@ class Optimizer:
             except AttributeError:
                 shapes = None
             if shapes == self._shapes:
-                self._apply_flat(flat)
+                self._apply_flat(flat, extra_args)
                 return
         leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or is_variable(x))
         if treedef != self._treedef:
@@ -441,9 +444,11 @@ class Optimizer:
                 UserWarning,
                 stacklevel=2,
             )
-        self._run(by_variable)
+        self._run(by_variable, extra_args)
 
-    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Variable]]) -> None:
+    def apply_gradients(
+        self, grads_and_vars: Iterable[tuple[Any, Variable]], **extra_args: Any
+    ) -> None:
         """Updates variables in place from ``(gradient, variable)`` pairs, as in Keras.
 
         Takes ``zip(grads, variables)`` for any subset of the variables the Optimizer was
@@ -453,6 +458,7 @@ class Optimizer:
 
         Args:
           grads_and_vars: an iterable of ``(gradient, variable)`` pairs.
+          **extra_args: passed to the transformation's update, as in `apply`.
 
         Raises:
           TypeError: if an item is not a ``(gradient, Variable)`` pair, or a gradient is not
@@ -488,9 +494,9 @@ class Optimizer:
                 )
             if gradient is not None:
                 by_variable[variable] = gradient
-        self._run(by_variable)
+        self._run(by_variable, extra_args)
 
-    def _run(self, by_variable: dict[Variable, Any]) -> None:
+    def _run(self, by_variable: dict[Variable, Any], extra_args: dict[str, Any]) -> None:
         """Checks every gradient, then applies them: nothing changes if one is refused."""
         params = set(self._params)
         for variable, gradient in by_variable.items():
@@ -514,19 +520,19 @@ class Optimizer:
                 )
         if not by_variable:
             return  # nothing to update: not even a step to count
-        self._apply_flat([by_variable.get(v) for v in self._params])
+        self._apply_flat([by_variable.get(v) for v in self._params], extra_args)
 
-    def _apply_flat(self, flat: list[Any]) -> None:
+    def _apply_flat(self, flat: list[Any], extra_args: dict[str, Any]) -> None:
         if _trace.innermost() is not None:
-            self._apply_traced(*flat)
+            self._apply_traced(*flat, **extra_args)
             return
         if self._spread:
             # A gradient committed elsewhere than its sharded parameter is copied there.
             flat = list(map(_placed, flat, self._params))
         # Arrays as separate arguments take statevar.jit's fast path for array calls.
-        self._compiled_apply(*flat)
+        self._compiled_apply(*flat, **extra_args)
 
-    def _apply_traced(self, *grads: Any) -> None:
+    def _apply_traced(self, *grads: Any, **extra_args: Any) -> None:
         # Checked as the update traces (again for each new signature), so free per step.
         for variable, gradient in zip(self._params, grads, strict=True):
             if gradient is not None:
@@ -538,7 +544,17 @@ class Optimizer:
             name: jnp.zeros_like(params[name]) if g is None else g
             for name, g in zip(names, grads, strict=True)
         }
-        updates, new_state = self._tx.update(filled, state, params)
+        # A transformation that takes no extra arguments (optax.sgd(0.1)) ignores them.
+        tx = optax.with_extra_args_support(self._tx) if extra_args else self._tx
+        try:
+            updates, new_state = tx.update(filled, state, params, **extra_args)
+        except TypeError as error:
+            error.add_note(
+                f"(in Optimizer '{self._name}': what the transformation's update needs "
+                "besides the gradients is passed to apply as keywords: "
+                "optimizer.apply(grads, value=loss))"
+            )
+            raise
         new_params = cast(dict[str, jax.Array], optax.apply_updates(params, updates))
         for variable, name, gradient in zip(self._params, names, grads, strict=True):
             if gradient is not None:

@@ -622,6 +622,54 @@ def test_a_bad_learning_rate_is_refused_and_leaves_it_unchanged():
     assert float(opt.learning_rate) == 0.5
 
 
+def test_extra_arguments_reach_the_transformation_as_in_optax():
+    def plateau():
+        return optax.chain(optax.sgd(0.1), optax.contrib.reduce_on_plateau(patience=1))
+
+    w = statevar.Variable(jnp.ones(2), name="w")
+    opt = statevar.Optimizer(plateau(), w)
+    tx, params = plateau(), jnp.ones(2)
+    state = tx.init(params)
+    traces = []
+
+    @statevar.jit
+    def step(loss):
+        traces.append(1)
+        opt.apply(jnp.ones(2), value=loss)
+
+    for loss in [1.0, 1.0, 1.0, 1.0, 1.0]:
+        step(jnp.asarray(loss))
+        updates, state = tx.update(jnp.ones(2), state, params, value=jnp.asarray(loss))
+        params = optax.apply_updates(params, updates)
+    opt.apply_gradients([(jnp.ones(2), w)], value=jnp.asarray(1.0))  # eagerly, as Keras
+    updates, state = tx.update(jnp.ones(2), state, params, value=jnp.asarray(1.0))
+    params = optax.apply_updates(params, updates)
+
+    chex.assert_trees_all_close(w.value, params)
+    assert len(traces) == 1  # the loss is traced
+
+
+def test_a_transformation_without_extra_arguments_ignores_them_as_a_chain_does():
+    w = statevar.Variable(jnp.ones(2), name="w")
+    opt = statevar.Optimizer(optax.sgd(0.5), w)
+
+    opt.apply(jnp.ones(2), value=jnp.asarray(3.0))
+
+    chex.assert_trees_all_close(w.value, jnp.full(2, 0.5))
+
+
+def test_a_missing_extra_argument_says_how_to_pass_it_and_changes_nothing():
+    w = statevar.Variable(jnp.ones(2), name="w")
+    opt = statevar.Optimizer(optax.contrib.reduce_on_plateau(), w)
+
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'value'") as e:
+        opt.apply(jnp.ones(2))
+
+    assert any("optimizer.apply(grads, value=loss)" in note for note in e.value.__notes__)
+    chex.assert_trees_all_equal(w.value, jnp.ones(2))
+    assert int(opt.iterations) == 0
+
+
 def test_an_integer_learning_rate_is_a_float_rate_that_can_be_set_later():
     w = statevar.Variable([1.0], name="w")
     opt = statevar.Optimizer(optax.sgd, w, learning_rate=1)
