@@ -150,7 +150,10 @@ class Readable(ArrayOperators):
             # between reading the attribute and converting it.
             with _update_lock:
                 value = self._value
-            if value.is_deleted():
+            if not isinstance(value, (jax.Array, np.ndarray, np.generic)):
+                # A view of what JAX's tree functions made of the value (a shape, say).
+                return f"<Variable '{self.name}' value={value!r}>"
+            if isinstance(value, jax.Array) and value.is_deleted():
                 raise _DeletedOutside
             array = np.asarray(value)
             text = repr(array.item()) if array.ndim == 0 else np.array_repr(array)

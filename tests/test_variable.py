@@ -594,6 +594,17 @@ def test_repr_matches_tensorflow(variable, expected):
     assert repr(variable()) == expected
 
 
+def test_repr_of_what_jax_tree_functions_make_of_a_variable_shows_it():
+    w = statevar.Variable(jnp.ones((3, 2)), name="w")
+
+    shapes = jax.tree.map(lambda x: x.shape, {"w": w})
+    fetched = jax.device_get(w)
+
+    assert repr(shapes["w"]) == "<Variable 'w' value=(3, 2)>"
+    assert shapes["w"] == (3, 2)
+    assert repr(fetched).startswith("<Variable 'w' shape=(3, 2) dtype=float32, numpy=\narray(")
+
+
 def test_repr_of_a_variable_traced_by_jax_jit_does_not_raise():
     v = statevar.Variable([1.0, 2.0], name="traced")
     seen = []
