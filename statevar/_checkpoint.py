@@ -23,6 +23,7 @@ import pathlib
 import re
 import shutil
 import uuid
+import warnings
 from typing import Any
 
 import jax
@@ -47,7 +48,7 @@ from ._matching import match_checkpoint
 from ._module import Module
 from ._optim import legacy_names
 from ._placement import put
-from ._tree import iter_variables, named_targets, target_error
+from ._tree import has_named_variables, iter_variables, named_targets, target_error
 from ._variable import Variable
 
 # What a save into a plain directory may leave behind when it is killed: unreferenced data
@@ -76,13 +77,16 @@ def _orbax() -> Any:
 # --------------------------------------------------------------------------- targets
 
 
-def _named_variables(target: Any, legacy: bool = False) -> dict[str, Variable]:
+def _named_variables(target: Any, legacy: bool = False, stacklevel: int = 4) -> dict[str, Variable]:
     """Returns the target's variables by checkpoint key (see `named_targets`): dict keys
     namespace what they hold, lists and tuples add nothing.
 
     With ``legacy``, the keys of checkpoints of manifest version 1: no container added
     anything, an Optimizer's state variables were ``optimizer/0``, ``optimizer/1``, ... and
     its ``iterations`` did not exist (it is left out).
+
+    Warns of an Optimizer a Module holds and the target leaves out, blaming the caller
+    ``stacklevel`` frames up from the warning (4: the caller of `save`).
     """
     if legacy:
         found = _legacy_targets(target)
@@ -106,7 +110,42 @@ def _named_variables(target: Any, legacy: bool = False) -> dict[str, Variable]:
                 f"(at {where[first]}) and {key!r} (at {path}); include it once"
             )
         named[key], where[key], key_of[id(variable)] = variable, path, key
+    if not legacy:
+        _warn_of_optimizers_left_out(target, set(map(id, named.values())), stacklevel)
     return named
+
+
+def _warn_of_optimizers_left_out(target: Any, included: set[int], stacklevel: int) -> None:
+    """Warns of each Optimizer a Module in ``target`` holds whose state the checkpoint
+    leaves out (``included``: the ids of the variables it holds): a Module's variables are
+    its own, not those of an Optimizer kept as its attribute (``self.opt``), and training
+    resumed without them would start Adam's moments and the step count afresh."""
+    pending: list[tuple[Any, str]] = [(target, "")]
+    seen: set[int] = set()
+    while pending:
+        obj, path = pending.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if has_named_variables(obj):
+            if path and id(obj.iterations) not in included:
+                warnings.warn(
+                    f"The checkpoint leaves out Optimizer {obj.name!r}, which a Module holds "
+                    f"at {path!r}: a Module's variables do not include an Optimizer's state. "
+                    "Include the Optimizer in the target as well: "
+                    "statevar.save(directory, [model, model.opt])",
+                    UserWarning,
+                    stacklevel=stacklevel,
+                )
+        elif isinstance(obj, Module):
+            pending += [(value, f"{path}/{key}".lstrip("/")) for key, value in vars(obj).items()]
+        elif isinstance(obj, (list, tuple)) and path:
+            pending += [(value, f"{path}/{i}") for i, value in enumerate(obj)]
+        elif isinstance(obj, dict) and path:
+            pending += [(value, f"{path}/{key}") for key, value in obj.items()]
+        elif isinstance(obj, (list, tuple, dict)):  # the target's own containers
+            values = obj.values() if isinstance(obj, dict) else obj
+            pending += [(value, "") for value in values]
 
 
 def _legacy_targets(target: Any) -> list[tuple[str, Variable, str]]:
@@ -381,7 +420,7 @@ def _restore(
 ) -> RestoreResult:
     """Reads the checkpoint, matches it to the target (see `match_checkpoint`) and assigns
     the matched values, or raises before changing any variable."""
-    variables = _named_variables(target)
+    variables = _named_variables(target, stacklevel=5)
     manifest = _read_manifest(checkpoint, shown)
     legacy = manifest["version"] == 1
     left_out: list[str] = []

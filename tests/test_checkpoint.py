@@ -921,3 +921,46 @@ def test_a_manager_restore_reports_the_step_and_names(tmp_path):
     bigger = [Model(), statevar.Variable(0.0, name="extra")]
     result = manager.restore(bigger, partial=True)
     assert result == statevar.RestoreResult(list(model.named_variables()), ["extra"], [], step=4)
+
+
+class _Trainer(statevar.Module):
+    """A Module holding its own Optimizer, as flax nnx and Keras users write it."""
+
+    def __init__(self):
+        self.kernel = statevar.Variable(jnp.ones(2), name="kernel")
+        self.opt = statevar.Optimizer(optax.adam, self, learning_rate=0.1)
+
+
+@pytest.mark.parametrize("action", ["save", "restore", "manager save", "manager restore"])
+def test_a_checkpoint_leaving_out_an_optimizer_a_module_holds_warns(tmp_path, action):
+    trainer = _Trainer()
+    statevar.save(tmp_path / "ckpt", [trainer, trainer.opt])
+    manager = statevar.CheckpointManager(tmp_path / "steps")
+    manager.save(0, [trainer, trainer.opt])
+    run = {
+        "save": lambda: statevar.save(tmp_path / "ckpt", trainer),
+        "restore": lambda: statevar.restore(tmp_path / "ckpt", trainer, partial=True),
+        "manager save": lambda: manager.save(1, trainer),
+        "manager restore": lambda: manager.restore(trainer, 0, partial=True),
+    }[action]
+
+    with pytest.warns(
+        UserWarning,
+        match=r"The checkpoint leaves out Optimizer 'optimizer', which a Module holds at "
+        r"'opt'.*statevar.save\(directory, \[model, model.opt\]\)",
+    ) as warned:
+        run()
+
+    assert warned[0].filename == __file__  # blames the caller
+
+
+def test_a_checkpoint_including_the_optimizer_a_module_holds_round_trips_quietly(tmp_path):
+    trainer = _Trainer()
+    trainer.opt.apply({"kernel": jnp.ones(2)})
+    statevar.save(tmp_path / "ckpt", {"model": trainer, "opt": trainer.opt})
+    fresh = _Trainer()
+
+    statevar.restore(tmp_path / "ckpt", {"model": fresh, "opt": fresh.opt})
+
+    assert int(fresh.opt.iterations) == 1
+    chex.assert_trees_all_equal(fresh.kernel.value, trainer.kernel.value)
