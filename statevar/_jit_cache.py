@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 from . import _state, _trace, _update, _variable
 from ._tree import Node, Structure, read_variables
@@ -176,6 +177,7 @@ def _pure_step(
         with frame:
             args, kwargs = treedef.unflatten(_merge(treedef.num_leaves, held, dynamic))
             result = read_variables(fn(*args, **kwargs))
+        _check_result(fn, result)
         lifted_set = set(lifted)
         unlifted = (*frame.unlifted, *(v for v in frame.written if v not in lifted_set))
         traced.found = Found(tuple(dict.fromkeys(unlifted)), tuple(frame.wanted_refs))
@@ -190,6 +192,31 @@ def _pure_step(
         return (*map(_variable.keep_sharding, lifted, map(final.get, lifted)), result)
 
     return pure
+
+
+_RESULT_TYPES = (jax.Array, np.ndarray, np.generic, int, float, complex)
+
+
+def _check_result(fn: Callable, result: Any) -> None:
+    """Refuses a result JAX cannot return from a compiled function, naming the function
+    and where in the result (JAX's own error names statevar's inner function).
+
+    Raises:
+      TypeError: for a leaf that is not an array or a number (a Module, say).
+    """
+    for path, leaf in jax.tree.leaves_with_path(result):
+        if not isinstance(leaf, _RESULT_TYPES):
+            name = getattr(fn, "__name__", type(fn).__name__)
+            place = f" at {jax.tree_util.keystr(path)}" if path else ""
+            hint = (
+                ": its variables stay where they are, to read after the call"
+                if isinstance(leaf, Node) or hasattr(type(leaf), "_statevar_variables")
+                else ""
+            )
+            raise TypeError(
+                f"The statevar.jit function {name!r} returned a {type(leaf).__name__}{place}; "
+                f"a compiled function returns arrays and numbers{hint}"
+            )
 
 
 def _merge(count: int, held: list[tuple[int, Callable[[], Any]]], dynamic: tuple) -> list:

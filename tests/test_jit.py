@@ -1135,3 +1135,24 @@ def test_a_nan_found_under_jax_debug_nans_names_the_variables_that_lost_their_va
     w.assign([1.0, 2.0])  # as for any lost value, assign restores it
     steps.assign(0)
     chex.assert_trees_all_close(step(jnp.ones(2)), jnp.log(2.0))
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (lambda model: model, r"returned a _Dense; .*: its variables stay where they are"),
+        (lambda model: {"a": [1.0, model]}, r"returned a _Dense at \['a'\]\[1\]"),
+        (lambda model: "text", r"returned a str; a compiled function returns arrays and numbers(?!:)"),
+    ],
+    ids=["a Module", "a Module in a tree", "a str"],
+)
+def test_a_result_jax_cannot_return_is_refused_naming_the_function(returned, message):
+    model = _Dense()
+
+    def step():
+        model.kernel.assign_add(1.0)
+        return returned(model)
+
+    with pytest.raises(TypeError, match=r"The statevar.jit function 'step' " + message):
+        statevar.jit(step)()
+    chex.assert_trees_all_equal(model.kernel.value, jnp.ones((2, 1)))  # nothing ran
