@@ -237,10 +237,11 @@ class JitFunction:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables'
         arrays: the warm call, or the first call of an entry (see `_first_call`)."""
         if entry.epoch != _compile_epoch[0]:
-            if entry.structure != _state.structure_epoch[0]:
-                # A Module replaced a variable or a sub-Module: traced again from scratch,
-                # so that the trace reaches what the Modules hold now (what earlier traces
-                # found, `extra`, may be what was replaced).
+            if _state.stale(entry.lifted, entry.structure):
+                # A Module let go of a variable this step lifted (or came to hold variables
+                # where it held none): traced again from scratch, so that the trace reaches
+                # what the Modules hold now (what earlier traces found, `extra`, may be
+                # what was replaced).
                 entry = self._compile(entry.split, (), ())
                 self._cache.entries[key] = entry
             elif _variable.compile_flags(entry.lifted) != entry.flags:
@@ -469,8 +470,8 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     lifting it, before running anything. As with ``tf.function``, captured
     variables are bound when the function is traced: rebinding a global name to a new
     Variable afterwards is not seen (pass it as an argument instead). A Module replacing
-    or deleting a variable or a sub-Module by attribute is seen: every compiled step
-    traces again on its next call.
+    or deleting a variable, a sub-Module or an Optimizer by attribute is seen: each
+    compiled step that lifted what it held traces again on its next call.
 
     Args:
       fn: the function. Its arguments may hold Variables, Modules, arrays and Python

@@ -97,8 +97,8 @@ class Entry:
       jitted: the `jax.jit` of the pure function.
       flags: `_variable.compile_flags` of ``lifted`` when traced; checked again whenever
         a trainable flag or a sharding changed anywhere (a new ``epoch``).
-      structure: `_state.structure_epoch` when made: a Module that replaced a variable or
-        a sub-Module since makes a new entry, traced again.
+      structure: `_state.structure_epoch` when made: a Module that let go of a variable
+        the entry lifts since makes a new entry, traced again (see `_state.stale`).
       call: the lean warm call (see `_warm_call.warm_call`), once the entry has run; None
         before.
     """

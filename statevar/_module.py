@@ -64,11 +64,12 @@ class Module(Node):
         return found
 
     def __setattr__(self, name: str, value: Any) -> None:
+        existed = name in self.__dict__
         old = self.__dict__.get(name)
         super().__setattr__(name, value)
-        if old is not value and _holds_state(old):
-            # A compiled step traced before reads the old one: it traces again.
-            _state.bump_structure_epoch()
+        if existed and old is not value:
+            # A compiled step traced before may read what was there: see `_state.stale`.
+            _record_change(old, value)
         if isinstance(value, (Variable, Module, list, tuple, dict)):
             # Unnamed variables are known by their path as soon as they are assigned: a
             # layer's by "kernel", then by "layers/0/kernel" once the model holds the layer.
@@ -81,8 +82,7 @@ class Module(Node):
     def __delattr__(self, name: str) -> None:
         old = self.__dict__.get(name)
         super().__delattr__(name)
-        if _holds_state(old):
-            _state.bump_structure_epoch()
+        _record_change(old, None)
 
     def named_variables(self) -> dict[str, Variable]:
         """Returns every variable by its name: its explicit ``name=``, else its path.
@@ -163,15 +163,38 @@ class Module(Node):
         return self.variables
 
 
-def _holds_state(value: Any) -> bool:
-    """Whether ``value`` is a Variable or a Node, or a list, tuple or dict holding one at
-    any depth: what a Module attribute holds that a compiled step may have read."""
+def _record_change(old: Any, new: Any) -> None:
+    """Records, for compiled steps, that a Module attribute held ``old`` and now holds
+    ``new``: the variables it let go of, or variables where it held none (see
+    `_state.record_structure_change`). Setting an attribute to what holds the same
+    variables (a new list of them) changes nothing."""
+    before = _variables_in(old)
+    after = _variables_in(new)
+    let_go = [variable for key, variable in before.items() if key not in after]
+    added = not before and bool(after)
+    if let_go or added:
+        _state.record_structure_change(let_go, added)
+
+
+def _variables_in(value: Any) -> dict[int, Variable]:
+    """The variables ``value`` holds, by id: itself, those below it if it is a Node or an
+    Optimizer (``_statevar_variables``), and those in lists, tuples and dicts, at any
+    depth."""
+    found: dict[int, Variable] = {}
     pending, seen = [value], set()
     while pending:
         item = pending.pop()
-        if isinstance(item, (Variable, Node)):
-            return True
-        if isinstance(item, (list, tuple, dict)) and id(item) not in seen:
-            seen.add(id(item))
-            pending.extend(item.values() if isinstance(item, dict) else item)
-    return False
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, Variable):
+            found[id(item)] = item
+        elif isinstance(item, Node):
+            pending.extend(vars(item).values())
+        elif hasattr(type(item), "_statevar_variables"):
+            pending.extend(item._statevar_variables())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+    return found

@@ -27,11 +27,20 @@ update_lock = threading.RLock()
 # closes (see `hot_epoch`).
 compile_epoch = [0]
 
-# Counts replacements of a variable or a sub-Module held by a Module (``model.kernel =
-# Variable(...)``), changed by `bump_structure_epoch`: a compiled step traced before reads
-# the old one, wherever it reached it (a closure, an attribute read while tracing), so it
-# traces again.
+# Counts the changes of what a Module's attributes hold (``model.kernel = Variable(...)``),
+# made by `record_structure_change`. A compiled step traced before one reads what was
+# there then, wherever it reached it (a closure, an attribute read while tracing): it
+# traces again if it lifted a variable replaced since (`replaced`), or after an attribute
+# that held no variable came to hold some (`state_added`), which any step may have read.
 structure_epoch = [0]
+# Each variable a Module let go of, by id: a weak reference to it (a step tracing again
+# releases it) and the structure epoch in which it was let go of. By id, not a
+# WeakKeyDictionary: weak references compare their referents with ``==``, which is
+# elementwise for a Variable.
+replaced: dict[int, tuple[weakref.ref, int]] = {}
+# The structure epoch of the latest attribute that came to hold variables where it held
+# none.
+state_added = [0]
 
 # Number of trace frames open in any thread: while it is 0 (almost always, outside a first
 # call), nothing is traced and reads and updates skip `_trace`'s per-thread lookup. Changed only by
@@ -83,13 +92,44 @@ def bump_compile_epoch() -> None:
         _set_hot_epoch()
 
 
-def bump_structure_epoch() -> None:
-    """Records that a Module replaced or dropped a variable or a sub-Module: every compiled
-    step traces again on its next call (through a new compile epoch, which its warm call
-    checks)."""
+def record_structure_change(let_go: list[Any], added: bool) -> None:
+    """Records that a Module's attribute let go of the variables ``let_go`` (replaced or
+    deleted), or (``added``) came to hold variables where it held none. The compiled steps
+    that lifted one of ``let_go``, or every step after ``added``, trace again on their next
+    call (which a new compile epoch sends them through, see `stale`)."""
     with _counters_lock:
         structure_epoch[0] += 1
+        for variable in let_go:
+            key = id(variable)
+            replaced[key] = (weakref.ref(variable, _forget_replaced(key)), structure_epoch[0])
+        if added:
+            state_added[0] = structure_epoch[0]
     bump_compile_epoch()
+
+
+def stale(lifted: tuple[Any, ...], traced_in: int) -> bool:
+    """Whether a compiled step traced in structure epoch ``traced_in``, lifting ``lifted``,
+    may read what a Module no longer holds (see `record_structure_change`)."""
+    if traced_in == structure_epoch[0]:
+        return False
+    if state_added[0] > traced_in:
+        return True
+    for variable in lifted:
+        record = replaced.get(id(variable))
+        if record is not None and record[0]() is variable and record[1] > traced_in:
+            return True
+    return False
+
+
+def _forget_replaced(key: int) -> Any:
+    """The callback that drops a replaced variable's record once it is freed."""
+
+    def forget(reference: weakref.ref) -> None:
+        record = replaced.get(key)
+        if record is not None and record[0] is reference:
+            del replaced[key]
+
+    return forget
 
 
 def _set_hot_epoch() -> None:

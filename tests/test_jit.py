@@ -479,23 +479,85 @@ def test_an_optimizer_in_a_compiled_step_refuses_a_replaced_variable_as_eagerly(
     )
 
 
-def test_setting_a_module_attribute_that_holds_no_variable_traces_nothing_again():
+def test_setting_a_module_attribute_that_lets_go_of_no_variable_traces_nothing_again():
     model = _Dense()
     model.scale = 2.0
+    model.params = [model.kernel]
     traces = []
 
     @statevar.jit
     def step(x):
         traces.append(1)
+        model.params = [model.kernel]  # while tracing, too: the same variable, a new list
         return model(x) * model.scale  # the scale is baked in, as with tf.function
 
     step(jnp.ones((1, 2)))
+    step(jnp.ones((3, 2)))  # a new shape: traced again, once
     model.scale = 3.0
     model.note = jnp.ones(3)
     model.kernel = model.kernel  # the same variable
-    step(jnp.ones((1, 2)))
+    model.params = (model.kernel,)
+    for _ in range(3):
+        step(jnp.ones((1, 2)))
+        step(jnp.ones((3, 2)))
 
-    assert len(traces) == 1
+    assert len(traces) == 2
+
+
+def test_a_replacement_retraces_only_the_steps_that_lifted_what_was_replaced():
+    model, other = _Dense(), _Dense()
+    traces = {"model": 0, "other": 0}
+
+    @statevar.jit
+    def uses_model():
+        traces["model"] += 1
+        return model(jnp.ones((1, 2)))
+
+    @statevar.jit
+    def uses_other():
+        traces["other"] += 1
+        return other(jnp.ones((1, 2)))
+
+    uses_model(), uses_other()
+    model.kernel = statevar.Variable(jnp.full((2, 1), 2.0))
+    results = uses_model(), uses_other()
+
+    assert traces == {"model": 2, "other": 1}
+    chex.assert_trees_all_equal(results, (jnp.array([[4.0]]), jnp.array([[2.0]])))
+
+
+def test_an_optimizer_a_closure_module_replaced_is_seen_as_eagerly():
+    def run(step_of):
+        model = _Dense()
+        model.opt = statevar.Optimizer(optax.sgd(0.1), model)
+
+        def step():
+            grads = statevar.grad(lambda: jnp.sum(model(jnp.ones((1, 2)))), model)()
+            model.opt.apply(grads)
+
+        step = step_of(step)
+        step(), step()
+        old = model.opt
+        model.opt = statevar.Optimizer(optax.sgd(0.1), model)
+        step()
+        return int(old.iterations), int(model.opt.iterations)
+
+    assert run(statevar.jit) == run(lambda step: step) == (2, 1)
+
+
+def test_an_attribute_that_held_no_variable_coming_to_hold_one_is_seen_as_eagerly():
+    model = _Dense()
+    model.bias = None
+
+    @statevar.jit
+    def step():
+        out = model(jnp.ones((1, 2)))
+        return out if model.bias is None else out + model.bias
+
+    step()
+    model.bias = statevar.Variable(100.0)
+
+    chex.assert_trees_all_equal(step(), jnp.array([[102.0]]))
 
 
 def test_deleting_a_variable_a_compiled_step_read_is_seen_as_eagerly():
