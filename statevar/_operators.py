@@ -1,8 +1,10 @@
 """Arithmetic, bitwise and comparison operators of variables, as annotated methods.
 
 `ArrayOperators` gives a Variable (and a view of one) the operators of a `jax.Array`: each
-reads the current value and returns a new `jax.Array`, so a type checker accepts ``v + 1``,
-``1 - v``, ``-v`` and ``v < 0``. Operands on different devices are brought together first
+reads the current value and applies Python's operator to it, so that the array's own rules
+decide: a new `jax.Array`, or, for an operand a `jax.Array` does not take (``None``,
+``pytest.approx``), that operand's turn. A type checker accepts ``v + 1``, ``1 - v``, ``-v``
+and ``v < 0``. Operands on different devices are brought together first
 (see `colocate`). `RefusedInPlace` refuses ``v += 1``, which would rebind the name to a new
 array and leave the variable unchanged; `RebindingInPlace` allows it for views, which are
 values, as for a `jax.Array`.
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from . import _placement
@@ -50,6 +53,8 @@ class ArrayOperators:
         # operand it does not take (None, ``pytest.approx``) gets its turn, as it would
         # against an array, and ``v == None`` is False.
         own = self._read()
+        if isinstance(own, (np.ndarray, np.generic)):
+            own = jnp.asarray(own)  # a view of what jax.device_get gave: JAX's rules still
         if isinstance(other, ArrayOperators):
             other = other._read()
         a, b = colocate(own, other)

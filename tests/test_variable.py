@@ -304,6 +304,17 @@ def test_jax_lax_and_indexing_an_array_by_a_variable_need_its_value():
     assert float(jnp.take(schedule, step)) == 2.0  # jnp functions take it directly
 
 
+def test_operators_on_what_jax_device_get_makes_of_a_variable_follow_jax():
+    fetched = jax.device_get(statevar.Variable(jnp.array([1, 2], jnp.int8)))
+
+    added = fetched + 200  # as a jax.Array of int8 does: wraps, where NumPy would raise
+    halves = fetched + 1.5
+
+    assert isinstance(added, jax.Array) and added.dtype == jnp.int8
+    assert isinstance(halves, jax.Array) and halves.dtype == jnp.float32
+    assert (fetched == None) is False  # noqa: E711
+
+
 def test_invert_of_a_boolean_variable():
     np.testing.assert_array_equal(~statevar.Variable([True, False]), [False, True])
 
