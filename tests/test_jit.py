@@ -1206,7 +1206,7 @@ def test_a_nan_found_under_jax_debug_nans_names_the_variables_that_lost_their_va
         (lambda model: {"a": [1.0, model]}, r"returned a _Dense at \['a'\]\[1\]"),
         (
             lambda model: "text",
-            r"returned a str; a compiled function returns arrays and " r"numbers(?!:)",
+            r"returned a str; a compiled function returns arrays and numbers(?!:)",
         ),
     ],
     ids=["a Module", "a Module in a tree", "a str"],
