@@ -9,6 +9,7 @@ every update; a rejected value raises before anything is donated.
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -275,15 +276,25 @@ def initial_dtype(initial_value: Any, dtype: Any, label: str) -> np.dtype:
             "integer, floating or complex dtype"
         )
     stored = jax.dtypes.canonicalize_dtype(requested)
-    if dtype is not None and stored != requested:
-        # As jnp.array(x, dtype=jnp.float64) warns.
+    if dtype is not None and dtype not in (bool, int, float, complex) and stored != requested:
+        # As jnp.array(x, dtype=jnp.float64) warns (and dtype=float, JAX's default float
+        # type, does not).
         warnings.warn(
             f"Variable '{label}' was given dtype {requested}, which JAX does not store "
             f"without the jax_enable_x64 configuration option: it holds {stored}",
             UserWarning,
-            stacklevel=3,
+            stacklevel=_caller_stacklevel(),
         )
     return stored
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller of this function name
+    the first frame outside statevar: the user's line, however deep the call."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("statevar."):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _own_dtype(value: Any, label: str) -> np.dtype:

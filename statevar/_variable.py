@@ -698,7 +698,9 @@ class Variable(RefusedInPlace, Readable):
             if isinstance(part, slice):
                 return slice(bound(part.start), bound(part.stop), bound(part.step))
             if isinstance(part, list):
-                return np.asarray(part)
+                array = np.asarray(part)
+                # NumPy's float64 for an empty list says nothing: an empty integer index.
+                return array.astype(np.intp) if array.size == 0 else array
             if isinstance(part, np.ndarray) and not part.dtype.isnative:
                 return part.astype(part.dtype.newbyteorder("="))  # as jnp.asarray reads it
             return part

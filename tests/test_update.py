@@ -207,8 +207,8 @@ def test_slice_bounds_may_be_integer_arrays_as_in_numpy():
 
 @pytest.mark.parametrize(
     "index",
-    [[True, False, True, False], ([True, False, True, False],), [0, 2]],
-    ids=["list of bools", "list of bools in a tuple", "list of ints"],
+    [[True, False, True, False], ([True, False, True, False],), [0, 2], []],
+    ids=["list of bools", "list of bools in a tuple", "list of ints", "empty list"],
 )
 def test_setitem_takes_a_list_as_numpy_does(index):
     v = statevar.Variable(jnp.zeros(4))

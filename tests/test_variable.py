@@ -848,6 +848,13 @@ def test_a_64_bit_dtype_jax_does_not_store_warns_as_jnp_array_does(dtype):
     assert v.dtype == stored
 
 
+@pytest.mark.parametrize("dtype", [float, int, complex])
+def test_pythons_own_types_as_dtype_are_jaxs_defaults_without_a_warning(dtype):
+    v = statevar.Variable(1, dtype=dtype)  # the suite turns any warning into an error
+
+    assert v.dtype == jax.dtypes.canonicalize_dtype(dtype) == jnp.asarray(1, dtype).dtype
+
+
 @pytest.mark.parametrize(
     "value, dtype",
     [(2**31, jnp.float16), (70000, jnp.float16), ("7", jnp.int32), (np.array(["7"]), jnp.int32)],
