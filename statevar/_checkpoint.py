@@ -128,7 +128,8 @@ def _warn_of_optimizers_left_out(target: Any, included: set[int], stacklevel: in
             continue
         seen.add(id(obj))
         if has_named_variables(obj):
-            if path and id(obj.iterations) not in included:
+            # (An Optimizer not built yet has no state to leave out.)
+            if path and obj.built and id(obj.iterations) not in included:
                 warnings.warn(
                     f"The checkpoint leaves out Optimizer {obj.name!r}, which a Module holds "
                     f"at {path!r}: a Module's variables do not include an Optimizer's state. "

@@ -596,6 +596,8 @@ class Variable(RefusedInPlace, Readable):
         Raises:
           IndexError: if the index is out of range, or is a boolean traced inside a compiled
             function (its selection is known only when the step runs).
+          TypeError: if a slice bound is not an integer, or is traced inside a compiled
+            function (the slice's size must be known when it compiles).
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
         index = self._placed_index(self._concrete_index(unwrap_index(index)))

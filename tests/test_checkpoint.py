@@ -954,6 +954,16 @@ def test_a_checkpoint_leaving_out_an_optimizer_a_module_holds_warns(tmp_path, ac
     assert warned[0].filename == __file__  # blames the caller
 
 
+def test_an_unbuilt_optimizer_a_module_holds_has_no_state_to_warn_of(tmp_path):
+    model = statevar.Module()
+    model.kernel = statevar.Variable(jnp.ones(2), name="kernel")
+    model.opt = statevar.Optimizer(optax.adam, learning_rate=0.1)  # built by its first use
+
+    statevar.save(tmp_path / "ckpt", model)  # the suite turns any warning into an error
+
+    assert statevar.restore(tmp_path / "ckpt", model).restored == ["kernel"]
+
+
 def test_a_checkpoint_including_the_optimizer_a_module_holds_round_trips_quietly(tmp_path):
     trainer = _Trainer()
     trainer.opt.apply({"kernel": jnp.ones(2)})
