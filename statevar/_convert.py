@@ -271,9 +271,16 @@ def initial_dtype(initial_value: Any, dtype: Any, label: str) -> np.dtype:
     if not getattr(requested, "isnative", True):  # (JAX's extended dtypes have none)
         requested = requested.newbyteorder("=")  # a big-endian NumPy array's, say
     if family(requested) is None:
+        keys = jnp.issubdtype(requested, jax.dtypes.prng_key)
         raise DtypeMismatchError(
             f"Cannot create Variable '{label}' with dtype {requested}: expected a bool, "
             "integer, floating or complex dtype"
+            + (
+                ". Hold a key's data, Variable(jax.random.key_data(key)), and use "
+                "jax.random.wrap_key_data(variable.value)"
+                if keys
+                else ""
+            )
         )
     stored = jax.dtypes.canonicalize_dtype(requested)
     if dtype is not None and dtype not in (bool, int, float, complex) and stored != requested:

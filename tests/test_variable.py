@@ -185,6 +185,20 @@ def test_non_numeric_dtype_raises_type_error(initial_value):
         statevar.Variable(initial_value, name="k")
 
 
+def test_a_typed_prng_key_is_refused_with_the_way_to_hold_its_data():
+    key = jax.random.key(0)
+    with pytest.raises(
+        statevar.DtypeMismatchError,
+        match=r"key<fry>.*Variable\(jax.random.key_data\(key\)\), and use "
+        r"jax.random.wrap_key_data\(variable.value\)",
+    ):
+        statevar.Variable(key, name="k")
+
+    held = statevar.Variable(jax.random.key_data(key), name="k")
+    held.assign(jax.random.key_data(jax.random.split(jax.random.wrap_key_data(held.value))[0]))
+    assert jax.random.wrap_key_data(held.value).dtype == key.dtype
+
+
 @pytest.mark.parametrize("name", [3, b"w", ["w"]])
 def test_name_that_is_not_a_string_raises_type_error(name):
     with pytest.raises(TypeError, match=r"Expected the Variable's name to be a str, got"):
