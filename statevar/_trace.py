@@ -43,7 +43,9 @@ _thread_frames = threading.local()
 # JAX caches the traces of the functions given to its transformations (a scan's body, a
 # cond's branches) by function and input types, with the values they close over. A function
 # reading variables closes over the values of the frame that traced it, so each frame traces
-# under its own value of this context, which JAX includes in those caches' keys.
+# under its own value of this context, which JAX includes in those caches' keys, and takes
+# a new value at each assignment at its own level: a function traced before it read the
+# old value, and is traced again when used after it.
 _frame_context = jax.make_user_context(None)
 _frame_numbers = itertools.count()
 
@@ -92,11 +94,11 @@ class Frame:
         self._while_reads: list[tuple[Any, Variable]] = []
         self._state: Any = None
         self._trace: Any = None
-        self._context: Any = None
+        # The values of the frame context entered (see `_frame_context`), the latest last.
+        self._contexts: list[Any] = []
 
     def __enter__(self) -> Frame:
-        self._context = _frame_context(next(_frame_numbers))
-        self._context.__enter__()
+        self._new_context()
         self._state = get_opaque_trace_state()
         self._trace = find_top_trace(())
         _stack().append(self)
@@ -106,7 +108,8 @@ class Frame:
     def __exit__(self, *exc_info: Any) -> None:
         _stack().pop()
         self._trace = None
-        self._context.__exit__(*exc_info)
+        while self._contexts:
+            self._contexts.pop().__exit__(*exc_info)
         exit_trace_frame()
         error = exc_info[1]
         if isinstance(error, NotImplementedError) and "vmap-of-cond" in str(error) and self.refs:
@@ -120,6 +123,12 @@ class Frame:
                 "element, which JAX cannot do with a variable's update. Compute both values "
                 "and assign jnp.where(predicate, new, old) outside the cond."
             ) from error
+
+    def _new_context(self) -> None:
+        """Enters a new value of the frame context (see `_frame_context`)."""
+        context = _frame_context(next(_frame_numbers))
+        context.__enter__()
+        self._contexts.append(context)
 
 
 def _stack() -> list[Frame]:
@@ -221,6 +230,9 @@ def write(var: Variable, value: Any, operation: str) -> None:
             value = lax.stop_gradient(value)
         frame.values[var] = value
         frame.written[var] = None
+        # A function JAX traced before, reading the old value, is traced again when used
+        # after this (see `_frame_context`).
+        frame._new_context()
         return
     _check_nested_write(owner, var, operation, has_ref=False)
     owner.wanted_refs[var] = None

@@ -630,3 +630,51 @@ def test_a_scan_of_training_steps_equals_separate_calls(optimizer_fn):
         [v.value for v in (*model.variables, *optimizer.state_variables)],
     )
     assert int(scanned_model.step) == 5
+
+
+# ------------------------------------------------ a function used again after an assignment
+
+_counter = statevar.Variable(1.0, name="counter")
+
+
+def _tenfold():
+    """Module-level, so that each use in a step is the same function object: JAX caches
+    its traces by function and input types."""
+    return _counter.value * 10
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda: jax.lax.cond(True, _tenfold, _tenfold),
+        lambda: jax.lax.scan(lambda c, _: (c, _tenfold()), 0.0, length=2)[1][0],
+        lambda: jax.checkpoint(_tenfold)(),
+        lambda: jax.jit(_tenfold)(),
+    ],
+    ids=["cond", "scan", "checkpoint", "jax.jit"],
+)
+def test_a_function_used_again_after_an_assignment_reads_the_new_value(use):
+    _counter.assign(1.0)
+
+    @statevar.jit
+    def step():
+        before = use()
+        _counter.assign_add(1.0)
+        return before, use()
+
+    chex.assert_trees_all_equal(step(), (jnp.array(10.0), jnp.array(20.0)))  # as eagerly
+
+
+def test_a_gradient_through_a_function_used_again_after_an_assignment():
+    w = statevar.Variable(2.0, name="w")
+    h = statevar.Variable(1.0, trainable=False, name="h")
+
+    def product():
+        return w.value * h.value
+
+    def loss():
+        first = jax.lax.cond(True, product, product)
+        h.assign(h + 1.0)
+        return first + jax.lax.cond(True, product, product)
+
+    assert float(statevar.grad(loss, w)()) == 3.0  # as jax.grad of w*1 + w*2
