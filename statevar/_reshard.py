@@ -36,12 +36,15 @@ def reshard(
       mesh: the mesh; defaults to the innermost `statevar.mesh` scope's.
 
     Returns:
-      Each variable's name and its new sharding.
+      Each variable's name and its new sharding (variables that share a name, as two
+      Modules' ``"kernel"`` in a list, share one entry).
 
     Raises:
       PlacementError: if there is no mesh, or a spec does not fit its variable (an axis the
         mesh lacks, a dimension the axis does not divide, a spec longer than the rank).
       TypeError: if ``target`` holds anything else, or a rule is malformed.
+      ValueError: if two variables share a name and a callable spec shards them
+        differently.
 
     Example:
       >>> import jax
@@ -68,9 +71,12 @@ def reshard(
         mesh = scope.mesh
     elif not isinstance(mesh, jax.sharding.Mesh):
         raise TypeError(f"Expected mesh= to be a jax.sharding.Mesh, got {type(mesh).__name__}")
-    planned: dict[str, tuple[Variable, jax.sharding.Sharding]] = {}
+    # By variable: two variables may share a name (two Modules' "kernel"); each moves, by
+    # the rules for its name.
+    planned: dict[Variable, tuple[str, jax.sharding.Sharding]] = {}
+    by_name: dict[str, jax.sharding.Sharding] = {}
     for name, variable in iter_variables(target, "the target of statevar.reshard"):
-        if name in planned:
+        if variable in planned:
             continue
         _, spec = _placement.rule_spec(compiled, name)
         if callable(spec) and not isinstance(spec, jax.sharding.Sharding):
@@ -80,8 +86,16 @@ def reshard(
         )
         if variable.synchronization == "on_read":  # its replicas take the mesh's first axis
             _on_read.layout(f"Cannot reshard Variable {name!r}", sharding, variable.aggregation)
-        planned[name] = (variable, sharding)
-    for variable, sharding in planned.values():
+        if by_name.setdefault(name, sharding) != sharding:
+            raise ValueError(
+                f"Two variables in the target of statevar.reshard have the name {name!r} "
+                f"and would be sharded differently ({getattr(by_name[name], 'spec', '?')} "
+                f"and {getattr(sharding, 'spec', '?')}, for their shapes); give them "
+                "distinct name= values or "
+                "hold them in distinct Modules under a dict's keys"
+            )
+        planned[variable] = (name, sharding)
+    for variable, (_, sharding) in planned.items():
         if variable.sharding != sharding:
             variable.reshard(sharding)
-    return {name: sharding for name, (_, sharding) in planned.items()}
+    return by_name

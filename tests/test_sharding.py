@@ -278,6 +278,34 @@ def test_bad_callables_raise_naming_the_variable(spread, mesh):
         statevar.Variable(lambda: [jnp.ones(3)], name="w")
 
 
+def test_reshard_moves_every_variable_of_two_modules_whose_names_are_alike(mesh):
+    class Dense(statevar.Module):
+        def __init__(self):
+            self.kernel = statevar.Variable(jnp.ones((8, 4)))
+            self.bias = statevar.Variable(jnp.ones(4))
+
+    generator, discriminator = Dense(), Dense()
+    a, b = statevar.Variable(jnp.ones(8)), statevar.Variable(jnp.ones(8))  # both 'Variable'
+
+    placed = statevar.reshard([generator, discriminator, a, b], [("kernel", P("data"))], mesh=mesh)
+
+    kernel = NamedSharding(mesh, P("data"))
+    assert placed["kernel"] == kernel
+    assert generator.kernel.sharding == discriminator.kernel.sharding == kernel
+    assert a.sharding == b.sharding == NamedSharding(mesh, P())
+
+
+def test_reshard_refuses_alike_names_a_callable_spec_shards_differently(mesh):
+    first, second = statevar.Variable(jnp.ones(8)), statevar.Variable(jnp.ones((8, 2)))
+    rules = [("", lambda name, shape: P(*(None,) * (len(shape) - 1), "model"))]
+
+    with pytest.raises(
+        ValueError, match=r"Two variables .* have the name 'Variable' and would be sharded"
+    ):
+        statevar.reshard([first, second], rules, mesh=mesh)
+    assert first.sharding != NamedSharding(mesh, P("model"))  # nothing moved
+
+
 def test_rejected_reshard_changes_no_variable(mesh):
     class Model(statevar.Module):
         def __init__(self):
