@@ -127,7 +127,11 @@ class Readable(ArrayOperators):
 
     def _host_readable(self) -> jax.Array:
         value = self._read()
-        if is_concrete_array(value) and not value.is_fully_addressable:
+        if (
+            is_concrete_array(value)
+            and not value.is_fully_addressable
+            and not value.is_fully_replicated  # each process holds all of it: NumPy reads it
+        ):
             raise ValueError(
                 f"Cannot read Variable '{self.name}' into NumPy: it is spread over several "
                 "processes and this one holds only its own shards. Gather it first "

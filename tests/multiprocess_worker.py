@@ -81,6 +81,8 @@ def main(process: int, port: int, directory: pathlib.Path) -> None:
                 },
                 "losses": losses,
                 "refused": refused,
+                # Replicated over both processes' devices (no rule shards it): each reads it.
+                "bias": model.bias.numpy().tolist(),
             }
         ),
         flush=True,

@@ -65,6 +65,12 @@ def test_two_processes_train_and_checkpoint_one_model_as_one_device_does(tmp_pat
             "Cannot read Variable 'kernel' into NumPy: it is spread over several processes"
         )
     np.testing.assert_allclose(outputs[0]["losses"], outputs[1]["losses"], rtol=1e-6)
+    np.testing.assert_allclose(
+        [output["bias"] for output in outputs],
+        [outputs[0]["reference_params"]["bias"]] * 2,
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
     # One checkpoint, written by both processes, restored here onto eight devices.
     expected = {
