@@ -99,6 +99,9 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
             if not (outermost and frame.wanted_refs):
                 break
             learned_refs[0] = tuple(dict.fromkeys((*learned_refs[0], *frame.wanted_refs)))
+        # The refs this call wrote: a variable once written under a nested transformation
+        # has a ref in every later call, which may not write it.
+        refs = {v: ref for v, ref in refs.items() if v in frame.ref_written}
         if outermost and (frame.written or refs) and _trace.enclosing_vmap() is not None:
             assigned = next(iter((*frame.written, *refs)))
             raise TraceContextError(

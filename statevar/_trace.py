@@ -90,6 +90,9 @@ class Frame:
         self.written: dict[Variable, None] = {}
         self.unlifted: dict[Variable, None] = {}
         self.wanted_refs: dict[Variable, None] = {}
+        # The variables in `refs` written while the frame traced (the others keep the
+        # value they were given).
+        self.ref_written: dict[Variable, None] = {}
         # Reads under a while_loop's cond_fun: (the trace the loop was called in, variable).
         self._while_reads: list[tuple[Any, Variable]] = []
         self._state: Any = None
@@ -216,6 +219,7 @@ def write(var: Variable, value: Any, operation: str) -> None:
             if ref is not None:
                 _check_nested_write(frame, var, operation, has_ref=True)
                 ref[...] = lax.stop_gradient(value)
+                frame.ref_written[var] = None
                 return
     owner = scope[0]
     if owner.kind == "stateless" and var not in owner.values:

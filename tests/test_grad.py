@@ -332,3 +332,25 @@ def test_threads_sharing_one_gradient_function_learn_its_refs_safely():
     assert errors == []
     assert results == [4.0] * 20
     assert float(seen) == 1.0
+
+
+def test_a_gradient_under_vmap_after_a_call_that_assigned_under_a_cond():
+    w = statevar.Variable(jnp.array([1.0, 2.0]), name="w")
+    count = statevar.Variable(0, trainable=False, name="count")
+
+    def bump():
+        count.assign_add(1)
+
+    def loss(x, training=False):
+        if training:
+            jax.lax.cond(x.sum() > 0, bump, lambda: None)
+        return jnp.sin(x @ w.value)
+
+    gradient = statevar.grad(loss, w)
+    per_example = jax.vmap(gradient)
+    xs = jnp.array([[1.0, 0.5], [0.3, -1.0]])
+    before = per_example(xs)
+    gradient(xs[0], training=True)  # count lives in a ref in this gradient's later calls
+
+    chex.assert_trees_all_close(per_example(xs), before)  # this path assigns nothing
+    assert int(count) == 1
