@@ -6,7 +6,7 @@ import itertools
 import operator
 import sys
 from collections.abc import Callable
-from typing import Any, TypeGuard
+from typing import Any, TypeAlias, TypeGuard
 
 import jax
 import jax.extend.core
@@ -42,6 +42,11 @@ _compile_epoch = _state.compile_epoch
 _array_type: type | None = None
 # Each eager update's place in a variable's `_hot_avals` (see `Variable._open_hot_path`).
 _HOT_SLOTS = {ASSIGN: 0, ASSIGN_ADD: 1, ASSIGN_SUB: 2}
+
+# What `Variable.reshard` takes.
+ReshardTarget: TypeAlias = (
+    "jax.sharding.Sharding | jax.Device | str | jax.sharding.PartitionSpec | tuple | None"  # pyright: ignore[reportInvalidTypeForm]
+)
 
 # The attribute holding a variable's array. Outside this module, `Variable._replace_array`
 # stores a new array in it, and `statevar.jit`'s compiled step (`_jit_cache.store` on a
@@ -459,9 +464,7 @@ class Variable(RefusedInPlace, Readable):
             self._trainable = bool(enabled)
             _state.bump_compile_epoch()
 
-    def reshard(
-        self, sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None
-    ) -> Variable:
+    def reshard(self, sharding: ReshardTarget) -> Variable:
         """Moves the variable to another sharding (or device): the only update that does.
 
         Copies the value onto the new sharding; nothing is donated, so arrays read earlier
@@ -469,7 +472,8 @@ class Variable(RefusedInPlace, Readable):
         again for the new sharding.
 
         Args:
-          sharding: a `jax.sharding.Sharding` or `jax.Device`, or a PartitionSpec or tuple
+          sharding: a `jax.sharding.Sharding`, a `jax.Device` or a device spec as
+            ``device=`` takes it (``"cpu:2"``, ``"/GPU:0"``), or a PartitionSpec or tuple
             of axis names (None for replicated) resolved against the innermost
             `statevar.mesh`.
 
@@ -489,6 +493,8 @@ class Variable(RefusedInPlace, Readable):
           >>> w.sharding.spec
           P('data', None)
         """
+        if isinstance(sharding, str):  # "cpu:2", as device= takes it
+            sharding = _placement.resolve(sharding, what=f"Variable '{self.name}'")
         if isinstance(sharding, jax.Device):
             target: jax.sharding.Sharding = jax.sharding.SingleDeviceSharding(sharding)
         else:

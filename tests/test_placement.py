@@ -625,3 +625,22 @@ def test_placement_logging_names_the_fallback_device(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         f"Variable 'moved': create on {_DEFAULT.platform}:{_DEFAULT.id}"
     ]
+
+
+@pytest.mark.parametrize("spec", ["cpu:2", "/CPU:2", "/device:CPU:2"])
+def test_reshard_takes_a_device_spec_as_device_does(spec):
+    v = statevar.Variable([1.0, 2.0], device="cpu:0", name="w")
+    before = v.value
+
+    v.reshard(spec)
+
+    assert v.device == _cpu(2)
+    chex.assert_trees_all_equal(v.value, before)
+
+
+def test_reshard_to_a_spec_that_cannot_be_parsed_names_the_variable():
+    v = statevar.Variable([1.0, 2.0], device="cpu:0", name="w")
+
+    with pytest.raises(ValueError, match=r"Cannot parse device spec 'gpu-0' for Variable 'w'"):
+        v.reshard("gpu-0")
+    assert v.device == _cpu(0)
