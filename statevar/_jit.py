@@ -171,6 +171,9 @@ class JitFunction:
         self._fn = fn
         self._jit_kwargs = jit_kwargs
         self._cache = Cache()
+        # How messages about a call's placement name it, when not as this function (an
+        # Optimizer's compiled update is named after the Optimizer).
+        self.subject: str | None = None
         _wrap(self, fn)
         if not hasattr(self, "__name__"):  # a functools.partial or a callable object
             inner = fn.func if isinstance(fn, functools.partial) else fn
@@ -334,7 +337,7 @@ class JitFunction:
                 return f"Variable {lifted[index].name!r}"
             return f"argument {index - len(lifted)}"
 
-        subject = f"The statevar.jit function {self.__name__!r}"
+        subject = self.subject or f"The statevar.jit function {self.__name__!r}"
         # A variable counts as placed on its device even while uncommitted: a compiled step
         # does not move it to its arguments' devices.
         _placement.check_same_devices(subject, [*arrays, *dynamic], name_of, placed=len(lifted))

@@ -162,6 +162,10 @@ class Optimizer:
         self._warned_no_gradient: set[Variable] = set()
         live_optimizers.add(self)
         self._compiled_apply = jit(self._apply_traced)
+        # Placement errors name the Optimizer, not its inner function.
+        cast(
+            Any, self._compiled_apply
+        ).jit_function.subject = f"Optimizer {name!r}, applying gradients,"
         if variables is not None:
             self.build(variables)
 
@@ -572,6 +576,8 @@ class Optimizer:
         for key, value in vars(self).items():
             if key != "_module":
                 setattr(duplicate, key, copy.deepcopy(value, memo))
+        subject = cast(Any, self._compiled_apply).jit_function.subject
+        cast(Any, duplicate._compiled_apply).jit_function.subject = subject
         # The copy watches the copy of the Module, when that was copied with it.
         duplicate._module = None
         module = self._module[0]() if self._module is not None else None

@@ -810,3 +810,21 @@ def test_a_numbered_checkpoint_that_does_not_match_says_how_to_convert(tmp_path)
     ):
         statevar.restore(tmp_path, [model, opt])
     assert float(model.kernel[0, 0]) == 1.0
+
+
+@pytest.mark.parametrize("copied", [False, True], ids=["optimizer", "its deep copy"])
+def test_parameters_on_different_devices_are_refused_naming_the_optimizer(copied):
+    a = statevar.Variable(jnp.ones(4), device="cpu:0", name="a")
+    b = statevar.Variable(jnp.ones(4), device="cpu:1", name="b")
+    opt = statevar.Optimizer(optax.sgd(0.1), [a, b], name="opt")
+    if copied:
+        opt = copy.deepcopy(opt)
+        a, b = opt.variables
+
+    with pytest.raises(
+        statevar.PlacementError,
+        match=r"Optimizer 'opt', applying gradients, got variables and arguments on "
+        r"different devices: Variable 'a'.* on cpu:0; Variable 'b'.* on cpu:1",
+    ):
+        opt.apply([jnp.ones(4), jax.device_put(jnp.ones(4), jax.devices()[1])])
+    chex.assert_trees_all_equal((a.value, b.value), (jnp.ones(4), jnp.ones(4)))
