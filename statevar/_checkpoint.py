@@ -35,6 +35,7 @@ from ._errors import (
     CheckpointCorruptedError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    caller_stacklevel,
 )
 from ._manifest import (
     MANIFEST,
@@ -77,7 +78,7 @@ def _orbax() -> Any:
 # --------------------------------------------------------------------------- targets
 
 
-def _named_variables(target: Any, legacy: bool = False, stacklevel: int = 4) -> dict[str, Variable]:
+def _named_variables(target: Any, legacy: bool = False) -> dict[str, Variable]:
     """Returns the target's variables by checkpoint key (see `named_targets`): dict keys
     namespace what they hold, lists and tuples add nothing.
 
@@ -85,8 +86,7 @@ def _named_variables(target: Any, legacy: bool = False, stacklevel: int = 4) -> 
     anything, an Optimizer's state variables were ``optimizer/0``, ``optimizer/1``, ... and
     its ``iterations`` did not exist (it is left out).
 
-    Warns of an Optimizer a Module holds and the target leaves out, blaming the caller
-    ``stacklevel`` frames up from the warning (4: the caller of `save`).
+    Warns of an Optimizer a Module holds and the target leaves out.
     """
     if legacy:
         found = _legacy_targets(target)
@@ -111,11 +111,11 @@ def _named_variables(target: Any, legacy: bool = False, stacklevel: int = 4) -> 
             )
         named[key], where[key], key_of[id(variable)] = variable, path, key
     if not legacy:
-        _warn_of_optimizers_left_out(target, set(map(id, named.values())), stacklevel)
+        _warn_of_optimizers_left_out(target, set(map(id, named.values())))
     return named
 
 
-def _warn_of_optimizers_left_out(target: Any, included: set[int], stacklevel: int) -> None:
+def _warn_of_optimizers_left_out(target: Any, included: set[int]) -> None:
     """Warns of each Optimizer a Module in ``target`` holds whose state the checkpoint
     leaves out (``included``: the ids of the variables it holds): a Module's variables are
     its own, not those of an Optimizer kept as its attribute (``self.opt``), and training
@@ -136,7 +136,7 @@ def _warn_of_optimizers_left_out(target: Any, included: set[int], stacklevel: in
                     "Include the Optimizer in the target as well: "
                     "statevar.save(directory, [model, model.opt])",
                     UserWarning,
-                    stacklevel=stacklevel,
+                    stacklevel=caller_stacklevel(),
                 )
         elif isinstance(obj, Module):
             pending += [(value, f"{path}/{key}".lstrip("/")) for key, value in vars(obj).items()]
@@ -421,7 +421,7 @@ def _restore(
 ) -> RestoreResult:
     """Reads the checkpoint, matches it to the target (see `match_checkpoint`) and assigns
     the matched values, or raises before changing any variable."""
-    variables = _named_variables(target, stacklevel=5)
+    variables = _named_variables(target)
     manifest = _read_manifest(checkpoint, shown)
     legacy = manifest["version"] == 1
     left_out: list[str] = []

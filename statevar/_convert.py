@@ -9,7 +9,6 @@ every update; a rejected value raises before anything is donated.
 from __future__ import annotations
 
 import functools
-import sys
 import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -19,7 +18,12 @@ import numpy as np
 from jax.core import Tracer as Tracer
 
 from . import _trace
-from ._errors import DtypeMismatchError, ShapeMismatchError, TraceContextError
+from ._errors import (
+    DtypeMismatchError,
+    ShapeMismatchError,
+    TraceContextError,
+    caller_stacklevel,
+)
 from ._placement import is_multi_device, replicated
 
 if TYPE_CHECKING:
@@ -290,18 +294,9 @@ def initial_dtype(initial_value: Any, dtype: Any, label: str) -> np.dtype:
             f"Variable '{label}' was given dtype {requested}, which JAX does not store "
             f"without the jax_enable_x64 configuration option: it holds {stored}",
             UserWarning,
-            stacklevel=_caller_stacklevel(),
+            stacklevel=caller_stacklevel(),
         )
     return stored
-
-
-def _caller_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning raised by the caller of this function name
-    the first frame outside statevar: the user's line, however deep the call."""
-    level, frame = 2, sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("statevar."):
-        level, frame = level + 1, frame.f_back
-    return level
 
 
 def _own_dtype(value: Any, label: str) -> np.dtype:

@@ -1,10 +1,21 @@
-"""Exceptions raised by statevar.
+"""Exceptions raised by statevar, and where its warnings point.
 
 Each error subclasses the builtin a user would catch, so ``except ValueError`` works as it
 does with ``tf.Variable``.
 """
 
 from __future__ import annotations
+
+import sys
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller of this function point
+    at the first frame outside statevar: the user's line, however deep the call."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("statevar."):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 class StatevarError(Exception):
