@@ -338,11 +338,18 @@ def _enters_as_it_is(value: Any, current: jax.Array | jax.ShapeDtypeStruct) -> b
     return source != INT or fits_weakly(value, dtype)
 
 
+def native_byte_order(value: Any) -> Any:
+    """Returns a big-endian NumPy array (``np.array(x, ">f4")``) in the machine's byte
+    order, as `jnp.asarray` reads it; anything else as it is."""
+    if isinstance(value, np.ndarray) and not value.dtype.isnative:
+        return value.astype(value.dtype.newbyteorder("="))
+    return value
+
+
 def _classify(value: Any, action: str, dtype: np.dtype) -> _Source:
     """Classifies an update's value: an array (refusing a tracer outside statevar's
     transformations), a Python scalar, or anything NumPy reads as a numeric array."""
-    if isinstance(value, np.ndarray) and not value.dtype.isnative:
-        value = value.astype(value.dtype.newbyteorder("="))  # as jnp.asarray reads it
+    value = native_byte_order(value)
     if isinstance(value, (jax.Array, np.ndarray, np.generic)):
         if isinstance(value, Tracer) and _trace.innermost() is None:
             raise TraceContextError(

@@ -584,8 +584,12 @@ class CompiledFunction(functools.partial):
         # Optimizer's), one bound to the copied object, which updates the copied variables.
         # That copy is again no plain function, so `jit` gives a CompiledFunction, which its
         # overloads (typed by the signature alone) cannot tell.
-        copied = jit(copy.deepcopy(self.jit_function._fn, memo), **self._jit_kwargs)
-        return cast(CompiledFunction, copied)
+        copied = cast(
+            CompiledFunction,
+            jit(copy.deepcopy(self.jit_function._fn, memo), **self._jit_kwargs),
+        )
+        copied.jit_function.subject = self.jit_function.subject  # named as the original
+        return copied
 
     def __repr__(self) -> str:
         return f"<statevar.jit function {self.jit_function.__name__}>"

@@ -576,8 +576,6 @@ class Optimizer:
         for key, value in vars(self).items():
             if key != "_module":
                 setattr(duplicate, key, copy.deepcopy(value, memo))
-        subject = cast(Any, self._compiled_apply).jit_function.subject
-        cast(Any, duplicate._compiled_apply).jit_function.subject = subject
         # The copy watches the copy of the Module, when that was copied with it.
         duplicate._module = None
         module = self._module[0]() if self._module is not None else None

@@ -21,6 +21,7 @@ from ._convert import (
     convert_for_update,
     initial_dtype,
     is_concrete_array,
+    native_byte_order,
     short_repr,
 )
 from ._errors import DtypeMismatchError, TraceContextError
@@ -709,9 +710,7 @@ class Variable(RefusedInPlace, Readable):
                 array = np.asarray(part)
                 # NumPy's float64 for an empty list says nothing: an empty integer index.
                 return array.astype(np.intp) if array.size == 0 else array
-            if isinstance(part, np.ndarray) and not part.dtype.isnative:
-                return part.astype(part.dtype.newbyteorder("="))  # as jnp.asarray reads it
-            return part
+            return native_byte_order(part)
 
         return tuple(map(read, index)) if isinstance(index, tuple) else read(index)
 
