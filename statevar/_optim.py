@@ -31,6 +31,7 @@ from ._tree import (
     variables_and_structure,
 )
 from ._variable import Variable
+from ._view import Readable, read_operand
 
 _LEARNING_RATE = "learning_rate"
 
@@ -392,7 +393,8 @@ class Optimizer:
             `build`), as `statevar.grad` returns them. None (a non-trainable slot, or a
             variable the loss did not read) leaves that variable and its optimizer state
             unchanged, as Keras does for the variables it is not given; the first time an
-            optimized variable gets None, a warning names it.
+            optimized variable gets None, a warning names it. A gradient held in a
+            Variable (an accumulator) is applied as its current value.
           **extra_args: passed to the transformation's update, for those that take more
             than the gradients: ``value=loss`` for ``optax.contrib.reduce_on_plateau``.
             Arrays among them are traced, so a new loss each step compiles nothing again.
@@ -461,7 +463,8 @@ class Optimizer:
         for the variables given. Donates the buffers as `apply` does.
 
         Args:
-          grads_and_vars: an iterable of ``(gradient, variable)`` pairs.
+          grads_and_vars: an iterable of ``(gradient, variable)`` pairs. A gradient held in
+            a Variable (an accumulator) is applied as its current value.
           **extra_args: passed to the transformation's update, as in `apply`.
 
         Raises:
@@ -501,9 +504,14 @@ class Optimizer:
         self._run(by_variable, extra_args)
 
     def _run(self, by_variable: dict[Variable, Any], extra_args: dict[str, Any]) -> None:
-        """Checks every gradient, then applies them: nothing changes if one is refused."""
+        """Checks every gradient, then applies them: nothing changes if one is refused.
+
+        A gradient held in a Variable (an accumulator, as Keras users keep them) is read:
+        its current value is applied."""
         params = set(self._params)
         for variable, gradient in by_variable.items():
+            if isinstance(gradient, Readable):
+                gradient = by_variable[variable] = read_operand(gradient)
             if variable not in params:
                 raise ValueError(
                     f"Got a gradient for Variable '{variable.name}', which Optimizer "

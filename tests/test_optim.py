@@ -444,6 +444,28 @@ def test_apply_gradients_builds_lazily_and_matches_pure_optax(compiled):
     assert int(opt.iterations) == 3
 
 
+
+@pytest.mark.parametrize("how", ["apply_gradients", "apply", "jit"])
+def test_gradients_accumulated_in_variables_are_applied_as_their_values(how):
+    # Keras's gradient accumulation keeps the sums in non-trainable variables.
+    w = statevar.Variable([1.0, 2.0], name="w")
+    accumulated = statevar.Variable([0.5, -0.5], trainable=False, name="accumulated/w")
+    opt = statevar.Optimizer(optax.adam(0.1), [w])
+    reference = statevar.Variable([1.0, 2.0], name="reference")
+    statevar.Optimizer(optax.adam(0.1), [reference]).apply([jnp.array([0.5, -0.5])])
+
+    def step():
+        if how == "apply":
+            opt.apply([accumulated])
+        else:
+            opt.apply_gradients([(accumulated, w)])
+
+    (statevar.jit(step) if how == "jit" else step)()
+
+    chex.assert_trees_all_close(w.value, reference.value)
+    chex.assert_trees_all_equal(accumulated.value, jnp.array([0.5, -0.5]))
+    assert int(opt.iterations) == 1
+
 def test_a_subset_keeps_the_other_variables_and_their_state():
     a, b = statevar.Variable([1.0], name="a"), statevar.Variable([2.0], name="b")
     opt = statevar.Optimizer(optax.adam(0.1), [a, b])
