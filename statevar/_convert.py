@@ -9,6 +9,7 @@ every update; a rejected value raises before anything is donated.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -249,6 +250,7 @@ def convert(
     source = _classify(value, action, dtype)
     _check_family(source, dtype, action)
     converted = _fit_integers(source, dtype, action)
+    converted = _fit_floats(source, converted, dtype, action)
     if expected_shape is not None:
         _check_shape(source.shape, expected_shape, action, what)
     return converted, source.shape
@@ -335,7 +337,10 @@ def _enters_as_it_is(value: Any, current: jax.Array | jax.ShapeDtypeStruct) -> b
     source = PYTHON_SCALARS.get(type(value))
     if source is None or not converts_safely(source, family(dtype)):
         return False
-    return source != INT or fits_weakly(value, dtype)
+    if source == INT:
+        return fits_weakly(value, dtype)
+    # A float beyond the dtype's largest value may round to inf: checked on the host.
+    return source == BOOL or abs(value) <= _float_max(dtype) or not math.isfinite(abs(value))
 
 
 def native_byte_order(value: Any) -> Any:
@@ -414,6 +419,36 @@ def _fit_integers(source: _Source, dtype: np.dtype, action: str) -> Any:
             f"range for the variable's dtype {dtype}"
         )
     return converted
+
+
+def _fit_floats(source: _Source, value: Any, dtype: np.dtype, action: str) -> Any:
+    """Refuses finite host floats that floating ``dtype`` cannot hold: converted, they would
+    become inf (70000.0 in float16, 1e40 in float32). Returns host arrays converted to
+    ``dtype`` once checked, a Python scalar or an array on a device as it is (values on a
+    device are not checked: that would wait for them)."""
+    if source.family not in (FLOAT, COMPLEX) or family(dtype) not in (FLOAT, COMPLEX):
+        return value
+    scalar = isinstance(value, (float, complex))
+    if scalar:
+        if math.isfinite(abs(value)) and abs(value) > _float_max(dtype):
+            array: Any = np.asarray(value)
+        else:
+            return value
+    elif isinstance(value, (np.ndarray, np.generic)) and value.dtype != dtype:
+        array = value
+    else:
+        return value
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = array.astype(dtype)
+    lost = np.isfinite(array) & ~np.isfinite(converted)
+    if lost.any():
+        raise DtypeMismatchError(
+            f"{action}: a value of dtype {source.described} "
+            f"({short_repr(np.asarray(array)[lost].flat[0].item())}) is out of range for the "
+            f"variable's dtype {dtype}, whose largest value is {_float_max(dtype):.6g}: it "
+            f"would become {np.asarray(converted)[lost].flat[0]}"
+        )
+    return value if scalar else converted
 
 
 def broadcasts_to(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:

@@ -425,6 +425,19 @@ _REJECTED = {
         TypeError,
         r"Variable 'v'.*int64.*out of range.*int32",
     ),
+    "float_out_of_range": (
+        np.array([1, 2], np.float16),
+        70000.0,
+        TypeError,
+        r"Variable 'v': a value of dtype float \(70000.0\) is out of range for the variable's "
+        r"dtype float16, whose largest value is 65504: it would become inf",
+    ),
+    "float64_array_out_of_range": (
+        [1.0, 2.0],
+        np.array([1.0, -1e40]),
+        TypeError,
+        r"Variable 'v'.*float64 \(-1e\+40\) is out of range.*float32.*would become -inf",
+    ),
     "shape_3": (
         [1.0, 2.0],
         [1.0, 2.0, 3.0],

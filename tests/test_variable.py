@@ -68,11 +68,21 @@ def test_dtype_argument_overrides_inference(initial_value, dtype, expected):
         (300, jnp.int8, r"Variable 'v': a value of dtype int \(300\) is out of range for the"),
         ([1, 300], jnp.int8, r"Variable 'v': .*\[  1, 300\].* is out of range for the"),
         (2**40, None, r"Variable 'v': .*\(1099511627776\) is out of range .* dtype int32"),
+        (1e300, None, r"Variable 'v': .*float \(1e\+300\) is out of range .* dtype float32"),
+        ([1.0, 7e4], jnp.float16, r"Variable 'v': .*\(70000.0\) is out of range .* float16"),
     ],
 )
 def test_dtype_argument_refuses_lossy_conversions(initial_value, dtype, match):
     with pytest.raises(statevar.DtypeMismatchError, match=match):
         statevar.Variable(initial_value, dtype=dtype, name="v")
+
+
+def test_floats_that_round_to_the_largest_value_infinities_and_nans_are_kept():
+    v = statevar.Variable([65519.0, np.inf, -np.inf, np.nan], dtype=jnp.float16, name="v")
+    np.testing.assert_array_equal(v.numpy(), np.array([65504, np.inf, -np.inf, np.nan], np.float16))
+
+    v.assign(np.array([-65519.0, np.inf, 1.0, np.nan]))
+    np.testing.assert_array_equal(v.numpy(), np.array([-65504, np.inf, 1, np.nan], np.float16))
 
 
 def test_python_scalars_give_a_strongly_typed_value():
