@@ -421,8 +421,11 @@ def _is_deleted_error(error: Exception) -> bool:
 def _under_transformation(name: str) -> TraceContextError:
     return TraceContextError(
         f"Cannot call the statevar.jit function {name!r} inside jax.jit, "
-        "jax.grad, jax.vmap or another JAX transformation: the variables it assigns would "
-        "keep tracers. Call it outside, or use statevar.jit and statevar.grad throughout."
+        "jax.grad, jax.vmap or another JAX transformation: it runs as a compiled step of "
+        "its own, which reads and assigns variables outside any transformation. Call it "
+        f"outside, or use statevar.jit and statevar.grad throughout. To read variables "
+        f"under jax.grad or jax.vmap, call the Python function itself ({name}.__wrapped__), "
+        "or statevar.stateless_call with it."
     )
 
 

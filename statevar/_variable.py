@@ -537,6 +537,9 @@ class Variable(RefusedInPlace, Readable):
             raise self._deleted_error("Cannot read")
         return value
 
+    def _traced_here(self) -> bool:
+        return _trace.innermost() is not None
+
     # `_read` itself as the property's getter: one Python call per read, not two.
     value = property(_read, doc="The current value; it stays valid after later updates.")
 

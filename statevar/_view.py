@@ -148,7 +148,18 @@ class Readable(ArrayOperators):
 
     # ----------------------------------------------------------------- Python protocols
 
+    def _traced_here(self) -> bool:
+        """Whether the value is being traced here (a Variable inside `statevar.jit` or
+        `statevar.grad`): its repr shows no numbers, which would be the value before the
+        step."""
+        return False
+
     def __repr__(self) -> str:
+        if self._traced_here():
+            return (
+                f"<Variable '{self.name}' shape={self.shape} dtype={self.dtype}, "
+                "numpy=<traced: print it with jax.debug.print>>"
+            )
         try:
             # Under the lock, so that an update in another thread cannot donate the array
             # between reading the attribute and converting it.

@@ -944,6 +944,29 @@ def test_calling_a_statevar_jit_function_inside_jax_jit_is_a_clear_error():
     assert float(v) == 0.0 and not isinstance(v.value, jax.core.Tracer)
 
 
+@pytest.mark.parametrize("transform", [jax.vmap, jax.grad], ids=["vmap", "grad"])
+def test_a_compiled_function_that_only_reads_says_how_to_read_under_a_transformation(
+    transform,
+):
+    w = statevar.Variable([1.0, 2.0], name="w")
+
+    @statevar.jit
+    def predict(x):
+        return jnp.sum(w * x)
+
+    x = jnp.ones((3, 2)) if transform is jax.vmap else jnp.ones(2)
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"'predict' inside jax.jit, jax.grad, jax.vmap .* it runs as a compiled step of "
+        r"its own.* call the Python function itself \(predict.__wrapped__\)",
+    ):
+        transform(predict)(x)
+    # The way the message gives.
+    chex.assert_trees_all_close(
+        transform(predict.__wrapped__)(x), transform(lambda x: jnp.sum(w.value * x))(x)
+    )
+
+
 def test_a_variable_only_assigned_and_found_while_tracing_gets_its_value():
     class Holder:  # a plain object: statevar cannot see inside before tracing
         def __init__(self):
@@ -1221,3 +1244,25 @@ def test_a_result_jax_cannot_return_is_refused_naming_the_function(returned, mes
     with pytest.raises(TypeError, match=r"The statevar.jit function 'step' " + message):
         statevar.jit(step)()
     chex.assert_trees_all_equal(model.kernel.value, jnp.ones((2, 1)))  # nothing ran
+
+
+@pytest.mark.parametrize("transform", ["jit", "grad"])
+def test_a_variables_repr_while_tracing_shows_no_numbers_from_before_the_step(transform):
+    w = statevar.Variable([1.0, 2.0], name="w")
+    shown = []
+
+    def loss():
+        shown.append(repr(w))
+        return jnp.sum(w * 10.0)
+
+    if transform == "jit":
+        statevar.jit(loss)()
+    else:
+        statevar.grad(loss, [w])()
+
+    assert shown == [
+        "<Variable 'w' shape=(2,) dtype=float32, numpy=<traced: print it with jax.debug.print>>"
+    ]
+    assert (
+        repr(w) == "<Variable 'w' shape=(2,) dtype=float32, numpy=array([1., 2.], dtype=float32)>"
+    )

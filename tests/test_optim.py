@@ -444,7 +444,6 @@ def test_apply_gradients_builds_lazily_and_matches_pure_optax(compiled):
     assert int(opt.iterations) == 3
 
 
-
 @pytest.mark.parametrize("how", ["apply_gradients", "apply", "jit"])
 def test_gradients_accumulated_in_variables_are_applied_as_their_values(how):
     # Keras's gradient accumulation keeps the sums in non-trainable variables.
@@ -465,6 +464,7 @@ def test_gradients_accumulated_in_variables_are_applied_as_their_values(how):
     chex.assert_trees_all_close(w.value, reference.value)
     chex.assert_trees_all_equal(accumulated.value, jnp.array([0.5, -0.5]))
     assert int(opt.iterations) == 1
+
 
 def test_a_subset_keeps_the_other_variables_and_their_state():
     a, b = statevar.Variable([1.0], name="a"), statevar.Variable([2.0], name="b")
