@@ -28,7 +28,7 @@ from ._errors import DtypeMismatchError, TraceContextError
 from ._operators import RefusedInPlace
 from ._signals import held_signals
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK, Operation
-from ._view import Readable, read_operand, traced_update_error, unwrap_index
+from ._view import Readable, index_shape, read_operand, traced_update_error, unwrap_index
 
 # jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
@@ -653,25 +653,22 @@ class Variable(RefusedInPlace, Readable):
           IndexError: if the index is out of range, or selects by a traced boolean.
           ValueError: for a slice step of 0.
         """
+        action = f"Cannot set Variable '{self.name}'"
+        if not traced:
+            return index_shape(self.shape, index, action)
         try:
-            if traced:
-                abstract = jax.ShapeDtypeStruct(self.shape, self.dtype)
-                return jax.eval_shape(lambda x: x[index], abstract).shape
-            parts = index if isinstance(index, tuple) else (index,)
-            return np.broadcast_to(np.empty((), np.bool_), self.shape)[
-                tuple(np.asarray(part) if isinstance(part, jax.Array) else part for part in parts)
-            ].shape
+            abstract = jax.ShapeDtypeStruct(self.shape, self.dtype)
+            return jax.eval_shape(lambda x: x[index], abstract).shape
         except jax.errors.NonConcreteBooleanIndexError:
             raise IndexError(
-                f"Cannot set Variable '{self.name}'[{short_repr(index)}]: a traced boolean "
+                f"{action}[{short_repr(index)}]: a traced boolean "
                 "index selects a number of elements known only when the step runs. Use "
                 "v[mask] = scalar with a mask of the variable's shape, or "
                 "v.assign(jnp.where(mask, new, v))"
             ) from None
         except (IndexError, ValueError) as error:  # out of range; a slice step of 0
             raise type(error)(
-                f"Cannot set Variable '{self.name}'[{short_repr(index)}]: {error} "
-                f"(the variable's shape is {self.shape})"
+                f"{action}[{short_repr(index)}]: {error} (the variable's shape is {self.shape})"
             ) from None
 
     def _concrete_index(self, index: Any) -> Any:

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from . import _placement, _state
-from ._convert import Tracer, is_concrete_array
+from ._convert import Tracer, is_concrete_array, short_repr
 from ._errors import TraceContextError
 from ._operators import ArrayOperators, RebindingInPlace
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, Operation
@@ -144,7 +144,18 @@ class Readable(ArrayOperators):
         return self._read()
 
     def __getitem__(self, index: Any) -> jax.Array:
-        return self._read()[unwrap_index(index)]
+        """Returns ``self.value[index]``. An index known on the host is checked as NumPy
+        checks it (JAX would clamp an integer out of range to the last element)."""
+        index = unwrap_index(index)
+        if type(index) is int:
+            size = self.shape[0] if self.shape else None
+            if size is None or not -size <= index < size:
+                index_shape(self.shape, index, f"Cannot read Variable '{self.name}'")
+        elif not isinstance(index, jax.Array) and not (
+            isinstance(index, tuple) and any(isinstance(part, jax.Array) for part in index)
+        ):
+            index_shape(self.shape, index, f"Cannot read Variable '{self.name}'")
+        return self._read()[index]
 
     # ----------------------------------------------------------------- Python protocols
 
@@ -314,6 +325,25 @@ def traced_update_error(variable: Readable, operation: Operation) -> TraceContex
         f"Cannot {operation.phrase} Variable '{variable.name}' inside jax.jit or another "
         "JAX transformation: use statevar.jit, which carries the update out of the trace."
     )
+
+
+def index_shape(shape: tuple[int, ...], index: Any, action: str) -> tuple[int, ...]:
+    """The shape of ``x[index]`` for an array ``x`` of ``shape``, by NumPy's rules.
+
+    Raises:
+      IndexError: if the index is out of range (naming ``action``, as in ``"Cannot read
+        Variable 'w'"``).
+      ValueError: for a slice step of 0.
+    """
+    parts = index if isinstance(index, tuple) else (index,)
+    try:
+        return np.broadcast_to(np.empty((), np.bool_), shape)[
+            tuple(np.asarray(part) if isinstance(part, jax.Array) else part for part in parts)
+        ].shape
+    except (IndexError, ValueError) as error:  # out of range; a slice step of 0
+        raise type(error)(
+            f"{action}[{short_repr(index)}]: {error} (the variable's shape is {shape})"
+        ) from None
 
 
 def unwrap_index(index: Any) -> Any:

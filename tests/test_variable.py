@@ -376,6 +376,45 @@ def test_scalar_variable_works_as_an_index():
     assert [10, 20, 30][statevar.Variable(2)] == 30
 
 
+@pytest.mark.parametrize(
+    ("index", "error", "match"),
+    [
+        (5, IndexError, r"\[5\]: index 5 is out of bounds for axis 0 with size 3"),
+        (-4, IndexError, r"\[-4\]: index -4 is out of bounds for axis 0 with size 3"),
+        ((0, 2), IndexError, r"\[\(0, 2\)\]: index 2 is out of bounds for axis 1 with size 2"),
+        (np.array([0, 3]), IndexError, r"\[array\(\[0, 3\]\)\]: index 3 is out of bounds"),
+        (
+            slice(None, None, 0),
+            ValueError,
+            r"\[slice\(None, None, 0\)\]: slice step cannot be zero",
+        ),
+    ],
+)
+def test_reading_out_of_range_is_refused_as_writing_is(index, error, match):
+    # A jax.Array clamps (table[5] would read row 2); tf.Variable and NumPy refuse.
+    table = statevar.Variable(np.arange(6.0).reshape(3, 2), name="table")
+    with pytest.raises(
+        error,
+        match=r"Cannot read Variable 'table'" + match + r".*\(the variable's shape is \(3, 2\)\)",
+    ):
+        table[index]
+    with pytest.raises(error, match=r"Cannot set Variable 'table'" + match):
+        table[index] = 0.0
+    chex.assert_trees_all_equal(table[-3], jnp.array([0.0, 1.0]))
+    chex.assert_trees_all_equal(table[1:10, -1], jnp.array([3.0, 5.0]))  # slices clip
+
+
+def test_reading_out_of_range_inside_a_compiled_step_is_refused_as_it_traces():
+    table = statevar.Variable(np.arange(6.0).reshape(3, 2), name="table")
+
+    @statevar.jit
+    def row(i):
+        return table[i] + table[5]
+
+    with pytest.raises(IndexError, match=r"Cannot read Variable 'table'\[5\]"):
+        row(0)
+
+
 def test_iteration_yields_rows():
     rows = list(statevar.Variable(_MATRIX))
 
