@@ -692,6 +692,29 @@ def test_a_missing_extra_argument_says_how_to_pass_it_and_changes_nothing():
     assert int(opt.iterations) == 0
 
 
+@pytest.mark.parametrize("given", [{}, {"hyperparam_dtype": jnp.float32}], ids=["default", "given"])
+def test_a_bfloat16_model_keeps_its_hyperparameters_in_float32(given):
+    # In bfloat16, adam's b2=0.999 would round to 1.0, and the first step give NaN.
+    def trained(make):
+        w = statevar.Variable(jnp.array([1.0, -2.0, 3.0], jnp.bfloat16), name="w")
+        opt = make(w)
+        for _ in range(3):
+            opt.apply(statevar.grad(lambda: jnp.sum(w.value.astype(jnp.float32) ** 2), w)())
+        return w.value, opt
+
+    value, opt = trained(lambda w: statevar.Optimizer(optax.adam, w, learning_rate=0.1, **given))
+    expected, _ = trained(
+        lambda w: statevar.Optimizer(
+            optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(learning_rate=0.1),
+            w,
+        )
+    )
+    assert value.dtype == jnp.bfloat16
+    chex.assert_tree_all_finite(value)
+    chex.assert_trees_all_equal(value, expected)
+    assert opt.learning_rate == pytest.approx(0.1)
+
+
 def test_an_integer_learning_rate_is_a_float_rate_that_can_be_set_later():
     w = statevar.Variable([1.0], name="w")
     opt = statevar.Optimizer(optax.sgd, w, learning_rate=1)
