@@ -160,6 +160,7 @@ class Optimizer:
         self._state: tuple[Variable, ...] = ()
         self._state_names: tuple[str, ...] = ()
         self._state_owners: tuple[int | None, ...] = ()
+        self._state_key_impls: tuple[Any, ...] = ()
         self._learning_rate: tuple[Variable | None, bool] = (None, False)
         self._legacy_names: tuple[str, ...] = ()
         self._full_structure: Any = None
@@ -222,8 +223,18 @@ class Optimizer:
         self._state_names = tuple(state_names(layout))
         leaves, self._state_treedef = jax.tree.flatten(state)
         placements = _state_placements(self._params, self._state_owners, leaves)
+        # A typed PRNG key in the state (optax.noisy_sgd's) is held as its key data, and
+        # made a key again for the transformation.
+        self._state_key_impls = tuple(
+            jax.random.key_impl(leaf) if _is_key(leaf) else None for leaf in leaves
+        )
         self._state = tuple(
-            Variable(leaf, trainable=False, name=f"{self._name}/{name}", device=placement)
+            Variable(
+                jax.random.key_data(leaf) if _is_key(leaf) else leaf,
+                trainable=False,
+                name=f"{self._name}/{name}",
+                device=placement,
+            )
             for name, leaf, placement in zip(self._state_names, leaves, placements, strict=True)
         )
         spread = [p.sharding for p in self._params if is_multi_device(p.sharding)]
@@ -561,7 +572,12 @@ class Optimizer:
                 _check_gradient_dtype(variable, gradient)
         names = self._param_names
         params = {name: v.value for name, v in zip(names, self._params, strict=True)}
-        state = self._state_treedef.unflatten([s.value for s in self._state])
+        state = self._state_treedef.unflatten(
+            [
+                s.value if impl is None else jax.random.wrap_key_data(s.value, impl=impl)
+                for s, impl in zip(self._state, self._state_key_impls, strict=True)
+            ]
+        )
         filled = {
             name: jnp.zeros_like(params[name]) if g is None else g
             for name, g in zip(names, grads, strict=True)
@@ -581,7 +597,10 @@ class Optimizer:
         for variable, name, gradient in zip(self._params, names, grads, strict=True):
             if gradient is not None:
                 variable.assign(new_params[name])
-        new_leaves = jax.tree.leaves(new_state)
+        new_leaves = [
+            jax.random.key_data(leaf) if _is_key(leaf) else leaf
+            for leaf in jax.tree.leaves(new_state)
+        ]
         for variable, owner, new in zip(self._state, self._state_owners, new_leaves, strict=True):
             # A variable given no gradient keeps its own state (Adam's moments, say).
             if owner is None or grads[owner] is not None:
@@ -606,6 +625,12 @@ class Optimizer:
         built = f"{len(self._params)} variables" if self._built else "not built"
         count = len(self.state_variables)
         return f"<statevar.Optimizer {self._name!r}: {built}, {count} state variables>"
+
+
+def _is_key(leaf: Any) -> bool:
+    """Whether ``leaf`` is a typed PRNG key array (``jax.random.key``)."""
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def _check_gradient_dtype(variable: Variable, gradient: Any) -> None:

@@ -873,3 +873,36 @@ def test_parameters_on_different_devices_are_refused_naming_the_optimizer(copied
     ):
         opt.apply([jnp.ones(4), jax.device_put(jnp.ones(4), jax.devices()[1])])
     chex.assert_trees_all_equal((a.value, b.value), (jnp.ones(4), jnp.ones(4)))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_a_transformation_whose_state_holds_a_prng_key_matches_optax(compiled, tmp_path):
+    # optax.noisy_sgd keeps a typed key in its state: held as its key data.
+    tx = optax.noisy_sgd(0.1, key=jax.random.key(3))
+    w = statevar.Variable([1.0, 2.0, 3.0], name="w")
+    opt = statevar.Optimizer(tx, [w])
+    apply = statevar.jit(opt.apply) if compiled else opt.apply
+    params, state = {"w": jnp.array([1.0, 2.0, 3.0])}, tx.init({"w": jnp.array([1.0, 2.0, 3.0])})
+    grads = jnp.array([0.5, -1.0, 2.0])
+    for step in range(3):
+        if step == 1:
+            statevar.save(tmp_path / "ckpt", opt)
+        apply([grads])
+        updates, state = tx.update({"w": grads}, state, params)
+        params = optax.apply_updates(params, updates)
+    chex.assert_trees_all_close(w.value, params["w"])
+
+    # Restored, the key goes on from where it was saved: the same noise again.
+    statevar.restore(tmp_path / "ckpt", opt)
+    w.assign([1.0, 2.0, 3.0])
+    apply([grads])
+    after_one = w.numpy()
+    w2 = statevar.Variable([1.0, 2.0, 3.0], name="w")
+    opt2 = statevar.Optimizer(tx, [w2])
+    opt2.apply([grads])
+    w2.assign([1.0, 2.0, 3.0])
+    opt2.apply([grads])  # the second step's noise, as after the restore
+    np.testing.assert_array_equal(after_one, w2.numpy())
+    fresh = statevar.Variable([1.0, 2.0, 3.0], name="w")
+    statevar.Optimizer(tx, [fresh]).apply([grads])
+    assert not np.array_equal(after_one, fresh.numpy())  # the key had moved on
