@@ -346,7 +346,12 @@ class JitFunction:
         self, lifted: tuple[Variable, ...], arrays: list, error: Exception, dynamic: tuple = ()
     ) -> Exception:
         """The error to raise when a compiled call failed; no variable has changed."""
-        deleted = [v for v, a in zip(lifted, arrays, strict=True) if a.is_deleted()]
+        # A variable's own array: a shared one was copied, and only the copy donated.
+        deleted = [
+            v
+            for v, a in zip(lifted, arrays, strict=True)
+            if a.is_deleted() and v._value.is_deleted()
+        ]
         if not deleted:
             try:
                 self._check_devices(lifted, arrays, dynamic)

@@ -1055,6 +1055,27 @@ def test_a_variable_lost_by_a_failing_step_says_so_until_restored():
         a.numpy()
 
 
+def test_a_failing_step_does_not_count_a_copied_variable_as_lost():
+    # b's array is held by a read taken earlier, so the step was given a copy of it.
+    a = statevar.Variable(jnp.ones(3), name="a")
+    b = statevar.Variable(jnp.ones(3), name="b")
+
+    def callback(x):
+        raise RuntimeError("callback failed")
+
+    @statevar.jit
+    def step(x):
+        a.assign_add(1.0)
+        b.assign_add(1.0)
+        jax.debug.callback(callback, x)
+
+    snapshot = b.value
+    with pytest.raises(statevar.StatevarError, match=r"lost their values: 'a'$"):
+        step(1.0)
+    np.testing.assert_array_equal(b.numpy(), np.ones(3))
+    np.testing.assert_array_equal(snapshot, np.ones(3))
+
+
 # --------------------------------------------------------------- in-place operators
 
 
