@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import jax
 import numpy as np
 
-from . import _placement, _state
+from . import _placement, _state, _trace
 from ._convert import Tracer, is_concrete_array, short_repr
 from ._errors import TraceContextError
 from ._operators import ArrayOperators, RebindingInPlace
@@ -299,11 +299,19 @@ class View(RebindingInPlace, Readable):
         """Raises the error for ``operation`` on a view.
 
         Raises:
-          TraceContextError: for a view of a tracer (inside plain `jax.jit`).
+          TraceContextError: for a view of a tracer inside plain `jax.jit`.
           TypeError: otherwise.
         """
-        if isinstance(self._value, Tracer):
+        if isinstance(self._value, Tracer) and _trace.innermost() is None:
             raise traced_update_error(self, operation)
+        if isinstance(self._value, Tracer):
+            raise TypeError(
+                f"Cannot {operation.phrase} Variable '{self.name}': this is a read-only view "
+                "of its value, made where a JAX function (jax.tree.map, or a jax.jit "
+                "function given the variable as an argument) read it, not the variable. "
+                "Inside statevar.jit, update the Variable itself: reach it by closure, or "
+                "pass it to the statevar.jit function."
+            )
         raise TypeError(
             f"Cannot {operation.phrase} Variable '{self.name}': this is a read-only view "
             "made by a JAX tree function such as jax.tree.map or jax.device_get, not the "

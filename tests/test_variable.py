@@ -443,6 +443,22 @@ def test_plain_jax_jit_sees_a_closed_over_variable_read_only():
     chex.assert_trees_all_close(v.value, jnp.array([1.0, 2.0]))
 
 
+@pytest.mark.parametrize("how", ["a view given to statevar.jit", "jax.jit inside statevar.jit"])
+def test_updating_a_traced_view_inside_statevar_jit_says_it_is_a_view(how):
+    v = statevar.Variable(1.0, name="v")
+    if how == "a view given to statevar.jit":
+        call = lambda: statevar.jit(lambda x: x.assign(0.0))(jax.tree.map(lambda x: x, v))  # noqa: E731
+    else:
+        call = lambda: statevar.jit(lambda: jax.jit(lambda x: x.assign(0.0))(v))()  # noqa: E731
+    with pytest.raises(
+        TypeError,
+        match=r"Cannot assign to Variable 'v': this is a read-only view of its value.*Inside "
+        r"statevar.jit, update the Variable itself",
+    ):
+        call()
+    assert float(v) == 1.0
+
+
 def test_variable_flattens_to_its_value():
     v = statevar.Variable([1.0, 2.0])
 
