@@ -434,7 +434,11 @@ def _fit_floats(source: _Source, value: Any, dtype: np.dtype, action: str) -> An
             array: Any = np.asarray(value)
         else:
             return value
-    elif isinstance(value, (np.ndarray, np.generic)) and value.dtype != dtype:
+    elif (
+        isinstance(value, (np.ndarray, np.generic))
+        and value.dtype != dtype
+        and _float_max(value.dtype) > _float_max(dtype)  # else every value fits
+    ):
         array = value
     else:
         return value
