@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _trace
+from . import _state, _trace
 from ._errors import (
     CheckpointCorruptedError,
     CheckpointMismatchError,
@@ -49,6 +49,7 @@ from ._matching import match_checkpoint
 from ._module import Module
 from ._optim import legacy_names
 from ._placement import put
+from ._signals import held_signals
 from ._tree import has_named_variables, iter_variables, named_targets, target_error
 from ._variable import Variable
 
@@ -186,8 +187,12 @@ def _snapshot(variables: dict[str, Variable]) -> tuple[list[dict[str, Any]], dic
     keyed by position. Orbax cannot store zero-size arrays, and need not: the manifest's
     shape and dtype rebuild them."""
     entries, arrays = [], {}
-    for name, variable in variables.items():
-        value = variable.value
+    # All read under one hold of the lock: a step another thread runs lands before the
+    # checkpoint or after it, never between two of its variables. (A read value stays
+    # valid: the checksums are computed after the lock is released.)
+    with _state.update_lock:
+        values = [variable.value for variable in variables.values()]
+    for name, value in zip(variables, values, strict=True):
         key = None if value.size == 0 else str(len(arrays))
         if key is not None:
             arrays[key] = value
@@ -445,8 +450,12 @@ def _restore(
         raise CheckpointMismatchError(match.refusal(shown))
     common = {name: variables[name] for name in match.common}
     values = _read_values(checkpoint, manifest, entries, common, shown)
-    for name, variable in common.items():
-        variable.assign(_as_placed(values[name], variable))
+    placed = {name: _as_placed(values[name], variable) for name, variable in common.items()}
+    # All or nothing: a step another thread runs lands before the restore or after it, and
+    # a signal (Ctrl-C) arriving meanwhile is raised once every variable is restored.
+    with _state.update_lock, held_signals():
+        for name, variable in common.items():
+            variable.assign(placed[name])
     logger.log(*match.report(shown))
     return RestoreResult(match.common, match.untouched, match.unexpected, step)
 

@@ -974,3 +974,94 @@ def test_a_checkpoint_including_the_optimizer_a_module_holds_round_trips_quietly
 
     assert int(fresh.opt.iterations) == 1
     chex.assert_trees_all_equal(fresh.kernel.value, trainer.kernel.value)
+
+
+# ------------------------------------------------------------------ concurrent training
+
+
+def _pair_and_step():
+    """Two variables that a compiled step keeps equal, and the step."""
+    a = statevar.Variable(jnp.zeros(4), name="a")
+    b = statevar.Variable(jnp.zeros(4), name="b")
+
+    @statevar.jit
+    def step():
+        a.assign_add(1.0)
+        b.assign_add(1.0)
+
+    step()
+    return a, b, step
+
+
+def _step_in_another_thread(step, started):
+    """Starts ``step`` in another thread (once) and gives it a moment to run: it runs
+    unless the update lock keeps it waiting."""
+    import threading
+
+    if not started:
+        started.append(threading.Thread(target=step))
+        started[0].start()
+        started[0].join(timeout=0.5)
+
+
+def test_a_save_while_another_thread_trains_holds_one_steps_values(tmp_path, monkeypatch):
+    a, b, step = _pair_and_step()
+    started: list = []
+    read = statevar.Variable._read
+
+    def read_then_let_a_step_run(variable):
+        value = read(variable)
+        if variable is a:
+            _step_in_another_thread(step, started)
+        return value
+
+    monkeypatch.setattr(statevar.Variable, "value", property(read_then_let_a_step_run))
+    statevar.save(tmp_path / "ckpt", [a, b])
+    monkeypatch.undo()
+    started[0].join()
+
+    restored = [statevar.Variable(jnp.zeros(4), name=n) for n in ("a", "b")]
+    statevar.restore(tmp_path / "ckpt", restored)
+    chex.assert_trees_all_equal(restored[0].value, restored[1].value, jnp.ones(4))
+    chex.assert_trees_all_equal(a.value, b.value, jnp.full(4, 2.0))  # the step ran after
+
+
+def test_a_restore_while_another_thread_trains_lands_before_or_after_its_steps(
+    tmp_path, monkeypatch
+):
+    a, b, step = _pair_and_step()
+    statevar.save(tmp_path / "ckpt", [a, b])
+    step()
+    started: list = []
+    assign = statevar.Variable.assign
+
+    def assign_then_let_a_step_run(variable, value):
+        assign(variable, value)
+        if variable is a:
+            _step_in_another_thread(step, started)
+
+    monkeypatch.setattr(statevar.Variable, "assign", assign_then_let_a_step_run)
+    statevar.restore(tmp_path / "ckpt", [a, b])
+    monkeypatch.undo()
+    started[0].join()
+
+    chex.assert_trees_all_equal(a.value, b.value, jnp.full(4, 2.0))  # restored, then stepped
+
+
+def test_ctrl_c_during_a_restore_is_raised_once_every_variable_is_restored(tmp_path, monkeypatch):
+    a, b, step = _pair_and_step()
+    statevar.save(tmp_path / "ckpt", [a, b])
+    step()
+    assign = statevar.Variable.assign
+
+    def assign_then_interrupt(variable, value):
+        assign(variable, value)
+        if variable is a:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(statevar.Variable, "assign", assign_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        statevar.restore(tmp_path / "ckpt", [a, b])
+    monkeypatch.undo()
+
+    chex.assert_trees_all_equal(a.value, b.value, jnp.ones(4))
