@@ -273,6 +273,15 @@ def save(directory: PathLike, target: Any) -> None:
     check_untraced("save")
     entries, arrays = _snapshot(_named_variables(target))
     checkpoint = pathlib.Path(directory).absolute()
+    with _state.checkpoint_lock(checkpoint.resolve()):  # one writer per directory
+        _write_checkpoint(checkpoint, entries, arrays)
+
+
+def _write_checkpoint(
+    checkpoint: pathlib.Path, entries: list[dict[str, Any]], arrays: dict[str, jax.Array]
+) -> None:
+    """Writes the data, then the manifest, then deletes what the directory held before
+    (see `save`)."""
     checkpoint.mkdir(parents=True, exist_ok=True)
     data = None
     if arrays:
@@ -516,7 +525,9 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
       (1, 0.5)
     """
     check_untraced("restore")
-    return _restore(pathlib.Path(directory).absolute(), target, partial, str(directory))
+    checkpoint = pathlib.Path(directory).absolute()
+    with _state.checkpoint_lock(checkpoint.resolve()):  # not while a save replaces it
+        return _restore(checkpoint, target, partial, str(directory))
 
 
 def _complete_steps(directory: pathlib.Path) -> list[int]:

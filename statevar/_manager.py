@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from . import _state
 from ._checkpoint import (
     _STEP_TEMPORARY,
     PathLike,
@@ -128,12 +129,19 @@ class CheckpointManager:
         """
         check_untraced("save")
         step = _checked_step(step)
+        entries, arrays = _snapshot(_named_variables(target))
+        with _state.checkpoint_lock(self._directory.resolve()):  # one writer per directory
+            self._write_step(step, entries, arrays)
+
+    def _write_step(
+        self, step: int, entries: list[dict[str, Any]], arrays: dict[str, jax.Array]
+    ) -> None:
+        """Writes ``step`` (see `save`)."""
         if step in self.all_steps():
             raise CheckpointExistsError(
                 f"Cannot save step {step} to {self._shown!r}: that step already holds a "
                 "checkpoint, and steps are never overwritten; save under a new step number"
             )
-        entries, arrays = _snapshot(_named_variables(target))
         leader = jax.process_index() == 0  # under jax.distributed, the first process
         if leader and self._directory.is_dir():
             for entry in self._directory.iterdir():
@@ -211,6 +219,11 @@ class CheckpointManager:
           CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
         """
         check_untraced("restore")
+        with _state.checkpoint_lock(self._directory.resolve()):  # not while a save deletes
+            return self._restore_step(target, step, partial)
+
+    def _restore_step(self, target: Any, step: int | None, partial: bool) -> RestoreResult | None:
+        """Restores ``step`` (see `restore`)."""
         steps = self.all_steps()
         if step is None:
             if not steps:

@@ -1065,3 +1065,60 @@ def test_ctrl_c_during_a_restore_is_raised_once_every_variable_is_restored(tmp_p
     monkeypatch.undo()
 
     chex.assert_trees_all_equal(a.value, b.value, jnp.ones(4))
+
+
+@pytest.mark.parametrize(
+    ("api", "module", "hook"),
+    [("save", _checkpoint, "_write_data"), ("CheckpointManager", _manager, "write_manifest")],
+    ids=["save", "CheckpointManager"],
+)
+def test_two_threads_saving_into_one_directory_keep_each_others_data(
+    tmp_path, monkeypatch, api, module, hook
+):
+    import threading
+
+    x = statevar.Variable(jnp.arange(4.0), name="x")
+    manager = statevar.CheckpointManager(tmp_path / "run", max_to_keep=None)
+
+    def save(step):
+        if api == "save":
+            statevar.save(tmp_path / "ckpt", x)
+        else:
+            manager.save(step, x)
+
+    errors: list = []
+    other = threading.Thread(target=lambda: _collect(errors, save, 1))
+    real = getattr(module, hook)
+
+    def let_the_other_thread_save_midway(*args):
+        # This save's data is written, its manifest not yet: the other thread's save would
+        # delete that data as what an interrupted save left. It waits instead.
+        if api == "save":
+            real(*args)
+        if other.ident is None:
+            other.start()
+            other.join(timeout=0.5)
+        if api != "save":
+            real(*args)
+
+    monkeypatch.setattr(module, hook, let_the_other_thread_save_midway)
+    save(0)
+    other.join()
+    monkeypatch.undo()
+
+    assert errors == []
+    restored = statevar.Variable(jnp.zeros(4), name="x")
+    if api == "save":
+        statevar.restore(tmp_path / "ckpt", restored)
+    else:
+        assert manager.all_steps() == [0, 1]
+        for step in (0, 1):
+            manager.restore(restored, step=step)
+    chex.assert_trees_all_equal(restored.value, jnp.arange(4.0))
+
+
+def _collect(errors, fn, *args):
+    try:
+        fn(*args)
+    except Exception as error:  # asserted by the test
+        errors.append(error)
