@@ -52,3 +52,13 @@ class CheckpointMismatchError(StatevarError, ValueError):
 
 class CheckpointCorruptedError(StatevarError, ValueError):
     """A checkpoint's data does not match the checksums stored with it."""
+
+
+def interrupted_update_error(action: str) -> StatevarError:
+    """The error for an update (``action``: ``"assign to Variable 'w'"``) that a signal
+    handler makes while the update it interrupted is donating (see `_state.donating`)."""
+    return StatevarError(
+        f"Cannot {action} in a signal handler that interrupted an update: the interrupted "
+        "update stores its result when the handler returns, over this one. Have the "
+        "handler set a plain Python flag, and update variables where the loop checks it."
+    )

@@ -21,6 +21,13 @@ import numpy as np
 # step to a single acquire and cannot deadlock.
 update_lock = threading.RLock()
 
+# Whether the thread holding `update_lock` is between deciding to donate arrays (nothing
+# else holds them) and storing what the donating call returned (a one-item list, changed
+# in place). Only a signal handler, which runs in that thread, can act meanwhile: its reads
+# get copies (the array it would get is about to be donated), and its updates are refused
+# (the update it interrupted would overwrite them). Other threads wait for the lock.
+donating = [False]
+
 # Counts changes of any variable's trainable flag, sharding or commitment (a one-item list,
 # changed in place by `bump_compile_epoch`): when it moves, `statevar.jit` checks whether
 # the flags and shardings its traces were made for still hold, and the eager hot path

@@ -24,7 +24,7 @@ from ._convert import (
     native_byte_order,
     short_repr,
 )
-from ._errors import DtypeMismatchError, TraceContextError
+from ._errors import DtypeMismatchError, TraceContextError, interrupted_update_error
 from ._operators import RefusedInPlace
 from ._signals import held_signals
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK, Operation
@@ -36,6 +36,7 @@ _SOLE_HOLDER_WITH_LOCAL, _getrefcount = _update.SOLE_HOLDER_WITH_LOCAL, sys.getr
 _starmap = itertools.starmap
 _update_lock = _state.update_lock
 _acquire, _release = _update_lock.acquire, _update_lock.release
+_donating = _state.donating
 _placement_settings = _state.placement_settings
 _compile_epoch = _state.compile_epoch
 # The type of a concrete array, as the eager hot path checks it: recorded when a hot path
@@ -291,8 +292,13 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                 and not value._committed  # type: ignore[union-attr]
                 # not a new compile epoch, no trace frame open, placements not logged
                 and self._hot_epoch == _state.hot_epoch
+                # not in a signal handler that interrupted a donation (see `_run_kernel`)
+                and not _donating[0]
             ):
                 try:
+                    # Set before the reference count is read: a signal handler running
+                    # from here to the store reads a copy (see `_state.donating`).
+                    _donating[0] = True
                     # The iterator that the unpacking assignment consumes makes the call:
                     # Python checks for signals at calls and loops, not between unpacking
                     # and storing, so no exception can land between the donation and the
@@ -305,6 +311,8 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                     )
                 except (RuntimeError, ValueError):
                     return self._failed_update(operation, value, old)
+                finally:
+                    _donating[0] = False
                 if type(self._value) is not _array_type:
                     self._refuse_traced(operation, old)
                 return self
@@ -528,6 +536,11 @@ class Variable(RefusedInPlace, Readable):
         try:  # rather than `with _update_lock`, which costs more; see `_eager_update`
             _acquire()
             value = self._value
+            if _donating[0] and not value.is_deleted():
+                # In a signal handler that interrupted a donating update of this thread:
+                # the array is about to be donated (see `_state.donating`). A copy that
+                # compiles nothing, so that a handler firing again meanwhile finds it done.
+                value = jax.device_put(value, value.sharding, may_alias=False)
         finally:
             try:
                 _release()
@@ -581,6 +594,8 @@ class Variable(RefusedInPlace, Readable):
         Raises:
           TypeError: if the conversion would lose information (1.5 into int32).
           ValueError: if the value does not broadcast to the variable's shape.
+          StatevarError: in a signal handler that interrupted another update, which would
+            store its result over this one.
         """,
     )
     assign_add = _eager_update(
@@ -794,45 +809,62 @@ class Variable(RefusedInPlace, Readable):
         A copying call needs neither: it donates nothing. Opens the eager hot path for the
         update once its donating call is compiled for a bare ``signature`` (an uncommitted
         array of the variable's abstract value, see `_update`).
+
+        Raises:
+          StatevarError: in a signal handler that interrupted a donating update (see
+            `_state.donating`).
         """
-        donating, copying = kernels
         with _update_lock:
-            old = self._value
-            shared = _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL
-            kernel = copying if shared else donating
-            key = compiled_key(signature, committed=old.committed)
-            first = key not in self._compiled
-            if not old.committed and any(map(_placement.is_committed, operands)):
-                # JAX commits what it computes from a committed array: the variable becomes
-                # committed. The new compile epoch starts before the store, so that no
-                # exception can leave it committed in the epoch its hot path and compiled
-                # steps were opened in.
-                _state.bump_compile_epoch()
+            if _donating[0]:
+                raise interrupted_update_error(f"{operation.phrase} Variable '{self.name}'")
             try:
-                if first:
-                    self._check_operation(operation)
-                if first and not shared:
-                    with held_signals():
-                        self._value = kernel(old, *operands)
-                else:
-                    # A copying call donates nothing: an exception landing in JAX's Python
-                    # code leaves the variable its old array.
-                    (self._value,) = _starmap(kernel, ((old, *operands),))
-            except (RuntimeError, ValueError):
-                self._failed_update(operation, value, old)
-                return
-            if type(self._value) is not type(old):
-                self._refuse_traced(operation, old)
-            if not shared:
-                # The donating call is compiled: JAX's fast path from now on.
-                self._compiled.add(key)
-            if self._value.committed is not old.committed:
-                # Committed some other way (not expected: see above); still a new epoch.
-                _state.bump_compile_epoch()
-            elif not shared and signature == operation.name:
-                slot = _HOT_SLOTS.get(operation)
-                if slot is not None:
-                    self._open_hot_path(slot)
+                # Set before the reference count is read (see `_state.donating`).
+                _donating[0] = True
+                self._run_kernel_locked(operation, kernels, signature, value, operands)
+            finally:
+                _donating[0] = False
+
+    def _run_kernel_locked(
+        self, operation: Operation, kernels: tuple, signature: Any, value: Any, operands: tuple
+    ) -> None:
+        """`_run_kernel`'s body, under the update lock, with `_state.donating` set."""
+        donating, copying = kernels
+        old = self._value
+        shared = _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL
+        kernel = copying if shared else donating
+        key = compiled_key(signature, committed=old.committed)
+        first = key not in self._compiled
+        if not old.committed and any(map(_placement.is_committed, operands)):
+            # JAX commits what it computes from a committed array: the variable becomes
+            # committed. The new compile epoch starts before the store, so that no
+            # exception can leave it committed in the epoch its hot path and compiled
+            # steps were opened in.
+            _state.bump_compile_epoch()
+        try:
+            if first:
+                self._check_operation(operation)
+            if first and not shared:
+                with held_signals():
+                    self._value = kernel(old, *operands)
+            else:
+                # A copying call donates nothing: an exception landing in JAX's Python
+                # code leaves the variable its old array.
+                (self._value,) = _starmap(kernel, ((old, *operands),))
+        except (RuntimeError, ValueError):
+            self._failed_update(operation, value, old)
+            return
+        if type(self._value) is not type(old):
+            self._refuse_traced(operation, old)
+        if not shared:
+            # The donating call is compiled: JAX's fast path from now on.
+            self._compiled.add(key)
+        if self._value.committed is not old.committed:
+            # Committed some other way (not expected: see above); still a new epoch.
+            _state.bump_compile_epoch()
+        elif not shared and signature == operation.name:
+            slot = _HOT_SLOTS.get(operation)
+            if slot is not None:
+                self._open_hot_path(slot)
 
     def _forget_compiled(self) -> None:
         """Forgets which updates this variable has run (JAX's fast path for their calls),

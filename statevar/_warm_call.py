@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _state, _update, _variable
 from ._convert import Tracer
+from ._errors import interrupted_update_error
 from ._jit_cache import Entry, put_back
 from ._variable import Variable
 
@@ -56,15 +57,21 @@ def call(dynamic):
     # releases.
     try:
         _acquire()
+        if _donating[0]:
+            raise _interrupted(function_ref)
         arrays = originals = [{reads}]
         found = traced.found
         try:
+            # Set before the reference counts are read (see `_state.donating`).
+            _donating[0] = True
             # `Entry.arrays`, written out: an array read earlier is copied, not donated.
             if _sum(_map(_getrefcount, arrays)) > unshared:
                 arrays = _copy_shared(originals)
             (({stores}result,),) = _starmap(jitted, ((arrays, dynamic),))
         except Exception as error:
             raise _failed(function_ref, variables, arrays, error, dynamic) from error
+        finally:
+            _donating[0] = False
         # What a trace JAX made inside this call found, read under the lock: another
         # thread's call may trace again once it is released.
         retraced = traced.found
@@ -111,8 +118,18 @@ def _failed(
     return function._failed_call(variables, arrays, error, dynamic)
 
 
+def _interrupted(function_ref: weakref.ref[JitFunction]) -> Exception:
+    """The error for a call made by a signal handler that interrupted a donating update
+    (see `_state.donating`)."""
+    function = function_ref()
+    assert function is not None  # as in `_hand_back`
+    return interrupted_update_error(f"call the statevar.jit function {function.__name__!r}")
+
+
 _NAMESPACE = {
     "_compile_epoch": _state.compile_epoch,  # a one-item list, changed in place
+    "_donating": _state.donating,  # a one-item list, changed in place
+    "_interrupted": _interrupted,
     "_acquire": _state.update_lock.acquire,
     "_release": _state.update_lock.release,
     "_sum": sum,

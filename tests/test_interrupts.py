@@ -7,6 +7,7 @@ value and takes the next update. Where the interrupt lands varies from run to ru
 asserted holds wherever it lands.
 """
 
+import builtins
 import contextlib
 import random
 import signal
@@ -399,3 +400,112 @@ def test_an_interrupted_reshard_leaves_the_variable_where_it_was(monkeypatch):
     assert v.device == home and v.value.committed is False
     v.assign_add(one)
     np.testing.assert_array_equal(v.numpy(), np.full(4, 3.0))
+
+
+# ------------------------------------------------------------- signal handlers using variables
+
+
+class _HandlerInTheWindow:
+    """Runs a SIGUSR1 handler in the middle of one update: when ``wrapped`` (a callable the
+    update calls between reading the reference count and the donating call) is next called.
+    """
+
+    def __init__(self, monkeypatch, handler):
+        self.kept = []
+        signal.signal(signal.SIGUSR1, lambda *_: handler(self.kept))
+        self._monkeypatch = monkeypatch
+
+    def arm(self, namespace, name):
+        real = namespace.get(name) or getattr(builtins, name)
+
+        def raise_signal_then_call(*args):
+            namespace[name] = real
+            signal.raise_signal(signal.SIGUSR1)  # the handler runs right after this call
+            return real(*args)
+
+        self._monkeypatch.setitem(namespace, name, raise_signal_then_call)
+
+
+def _paths(v):
+    """(name, update, namespace, name) for each update path: the callable in ``namespace``
+    that each calls between reading the reference count and donating."""
+    one = jnp.ones(4)
+
+    @statevar.jit
+    def step():
+        v.assign_add(1.0)
+
+    for update in (lambda: v.assign_add(one), lambda: v.assign_add(1.0), step):
+        update()
+        update()  # warm: the hot path is open, the step compiled
+    (entry,) = step.jit_function._cache.entries.values()
+    variable_globals = vars(statevar._variable)
+    return [
+        ("eager hot path", lambda: v.assign_add(one), variable_globals, "map"),
+        ("eager general path", lambda: v.assign_add(1.0), variable_globals, "_starmap"),
+        ("compiled step", step, entry.call.__globals__, "_starmap"),
+    ]
+
+
+@pytest.fixture
+def _sigusr1():
+    previous = signal.getsignal(signal.SIGUSR1)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.usefixtures("_sigusr1")
+def test_a_signal_handler_reading_during_an_update_keeps_a_valid_array(monkeypatch):
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    window = _HandlerInTheWindow(monkeypatch, lambda kept: kept.append(v.value))
+    for name, update, namespace, wrapped in _paths(v):
+        before = v.numpy()
+        window.arm(namespace, wrapped)
+        update()
+        (kept,) = window.kept
+        window.kept.clear()
+        # The array the handler read was about to be donated: it got a copy.
+        assert not kept.is_deleted(), name
+        np.testing.assert_array_equal(np.asarray(kept), before, err_msg=name)
+        np.testing.assert_array_equal(v.numpy(), before + 1, err_msg=name)
+
+
+@pytest.mark.usefixtures("_sigusr1")
+def test_a_signal_handler_updating_during_an_update_is_refused_and_changes_nothing(monkeypatch):
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    w = statevar.Variable(jnp.zeros(4), name="w")
+    window = _HandlerInTheWindow(monkeypatch, lambda kept: w.assign_add(1.0))
+    for name, update, namespace, wrapped in _paths(v):
+        before = v.numpy()
+        window.arm(namespace, wrapped)
+        with pytest.raises(
+            statevar.StatevarError,
+            match=r"Cannot assign_add to Variable 'w' in a signal handler that interrupted "
+            r"an update: .* Have the handler set a plain Python flag",
+        ):
+            update()
+        np.testing.assert_array_equal(v.numpy(), before, err_msg=name)
+        np.testing.assert_array_equal(w.numpy(), np.zeros(4), err_msg=name)
+        update()  # the next update works
+        np.testing.assert_array_equal(v.numpy(), before + 1, err_msg=name)
+
+
+@pytest.mark.usefixtures("_sigusr1")
+def test_a_signal_handler_calling_a_compiled_step_during_an_update_is_refused(monkeypatch):
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    w = statevar.Variable(jnp.zeros(4), name="w")
+
+    @statevar.jit
+    def bump_w():
+        w.assign_add(1.0)
+
+    bump_w()
+    window = _HandlerInTheWindow(monkeypatch, lambda kept: bump_w())
+    name, update, namespace, wrapped = _paths(v)[0]
+    window.arm(namespace, wrapped)
+    with pytest.raises(
+        statevar.StatevarError,
+        match=r"Cannot call the statevar.jit function 'bump_w' in a signal handler",
+    ):
+        update()
+    np.testing.assert_array_equal(w.numpy(), np.ones(4))
