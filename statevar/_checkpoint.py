@@ -22,6 +22,7 @@ import os
 import pathlib
 import re
 import shutil
+import threading
 import uuid
 import warnings
 from typing import Any
@@ -35,6 +36,7 @@ from ._errors import (
     CheckpointCorruptedError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    StatevarError,
     caller_stacklevel,
 )
 from ._manifest import (
@@ -210,6 +212,26 @@ def _write_data(path: pathlib.Path, arrays: dict[str, jax.Array]) -> None:
         checkpointer.close()
 
 
+def directory_lock(directory: pathlib.Path, action: str) -> Any:
+    """The lock this process's saves into and restores from ``directory`` hold, one at a
+    time (see `_state.checkpoint_locks`).
+
+    Raises:
+      StatevarError: if this thread holds it already: a signal handler saving or
+        restoring while the save or restore it interrupted, of the same directory, is
+        under way (waiting would never end).
+    """
+    with _state.checkpoint_locks_guard:
+        lock = _state.checkpoint_locks.setdefault(str(directory.resolve()), threading.RLock())
+    if lock._is_owned():  # pyright: ignore[reportAttributeAccessIssue]
+        raise StatevarError(
+            f"Cannot {action} {str(directory)!r} in a signal handler that interrupted a save "
+            "to or restore from it: the two would delete each other's files. Have the "
+            "handler set a plain Python flag, and save where the loop checks it."
+        )
+    return lock
+
+
 def check_untraced(action: str) -> None:
     """Refuses a checkpoint's ``action`` (``"save"``, ``"restore"``) inside a compiled or
     differentiated function, where the variables' values are only traced.
@@ -273,7 +295,7 @@ def save(directory: PathLike, target: Any) -> None:
     check_untraced("save")
     entries, arrays = _snapshot(_named_variables(target))
     checkpoint = pathlib.Path(directory).absolute()
-    with _state.checkpoint_lock(checkpoint.resolve()):  # one writer per directory
+    with directory_lock(checkpoint, "save to"):  # one writer per directory
         _write_checkpoint(checkpoint, entries, arrays)
 
 
@@ -431,10 +453,35 @@ class RestoreResult:
 
 
 def _restore(
-    checkpoint: pathlib.Path, target: Any, partial: bool, shown: str, step: int | None = None
+    checkpoint: pathlib.Path,
+    target: Any,
+    partial: bool,
+    shown: str,
+    step: int | None = None,
+    *,
+    lock: pathlib.Path,
 ) -> RestoreResult:
     """Reads the checkpoint, matches it to the target (see `match_checkpoint`) and assigns
-    the matched values, or raises before changing any variable."""
+    the matched values, or raises before changing any variable. Reads holding the lock of
+    directory ``lock`` (not while a save replaces or deletes what it reads); assigns
+    holding the update lock only (a save in a signal handler that interrupted an update
+    holds that one and waits for a directory lock)."""
+    with directory_lock(lock, "restore from"):
+        match, placed = _read_restored(checkpoint, target, partial, shown)
+    # All or nothing: a step another thread runs lands before the restore or after it, and
+    # a signal (Ctrl-C) arriving meanwhile is raised once every variable is restored.
+    with _state.update_lock, held_signals():
+        for variable, value in placed:
+            variable.assign(value)
+    logger.log(*match.report(shown))
+    return RestoreResult(match.common, match.untouched, match.unexpected, step)
+
+
+def _read_restored(
+    checkpoint: pathlib.Path, target: Any, partial: bool, shown: str
+) -> tuple[Any, list[tuple[Variable, jax.Array]]]:
+    """Reads and checks what `_restore` assigns: the match, and each variable with its
+    value, placed."""
     variables = _named_variables(target)
     manifest = _read_manifest(checkpoint, shown)
     legacy = manifest["version"] == 1
@@ -459,14 +506,7 @@ def _restore(
         raise CheckpointMismatchError(match.refusal(shown))
     common = {name: variables[name] for name in match.common}
     values = _read_values(checkpoint, manifest, entries, common, shown)
-    placed = {name: _as_placed(values[name], variable) for name, variable in common.items()}
-    # All or nothing: a step another thread runs lands before the restore or after it, and
-    # a signal (Ctrl-C) arriving meanwhile is raised once every variable is restored.
-    with _state.update_lock, held_signals():
-        for name, variable in common.items():
-            variable.assign(placed[name])
-    logger.log(*match.report(shown))
-    return RestoreResult(match.common, match.untouched, match.unexpected, step)
+    return match, [(v, _as_placed(values[name], v)) for name, v in common.items()]
 
 
 def _as_placed(value: jax.Array, variable: Variable) -> jax.Array:
@@ -526,8 +566,7 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
     """
     check_untraced("restore")
     checkpoint = pathlib.Path(directory).absolute()
-    with _state.checkpoint_lock(checkpoint.resolve()):  # not while a save replaces it
-        return _restore(checkpoint, target, partial, str(directory))
+    return _restore(checkpoint, target, partial, str(directory), lock=checkpoint)
 
 
 def _complete_steps(directory: pathlib.Path) -> list[int]:

@@ -340,7 +340,14 @@ def _enters_as_it_is(value: Any, current: jax.Array | jax.ShapeDtypeStruct) -> b
     if source == INT:
         return fits_weakly(value, dtype)
     # A float beyond the dtype's largest value may round to inf: checked on the host.
-    return source == BOOL or abs(value) <= _float_max(dtype) or not math.isfinite(abs(value))
+    return source == BOOL or not _beyond(value, dtype)
+
+
+def _beyond(value: float | complex, dtype: np.dtype) -> bool:
+    """Whether a finite Python float (or a complex's part) is beyond ``dtype``'s largest
+    value (it may round to inf there)."""
+    largest = max(abs(value.real), abs(value.imag))
+    return math.isfinite(largest) and largest > _float_max(dtype)
 
 
 def native_byte_order(value: Any) -> Any:
@@ -423,17 +430,15 @@ def _fit_integers(source: _Source, dtype: np.dtype, action: str) -> Any:
 
 def _fit_floats(source: _Source, value: Any, dtype: np.dtype, action: str) -> Any:
     """Refuses finite host floats that floating ``dtype`` cannot hold: converted, they would
-    become inf (70000.0 in float16, 1e40 in float32). Returns host arrays converted to
-    ``dtype`` once checked, a Python scalar or an array on a device as it is (values on a
-    device are not checked: that would wait for them)."""
+    become inf (70000.0 in float16, 1e40 in float32). Converts as JAX does: a Python float,
+    or a float64 array with x64 off, becomes float32 first. Returns the value as it is
+    (values on a device are not checked: that would wait for them)."""
     if source.family not in (FLOAT, COMPLEX) or family(dtype) not in (FLOAT, COMPLEX):
         return value
-    scalar = isinstance(value, (float, complex))
-    if scalar:
-        if math.isfinite(abs(value)) and abs(value) > _float_max(dtype):
-            array: Any = np.asarray(value)
-        else:
+    if isinstance(value, (float, complex)):
+        if not _beyond(value, dtype):
             return value
+        array: Any = np.asarray(value)
     elif (
         isinstance(value, (np.ndarray, np.generic))
         and value.dtype != dtype
@@ -443,7 +448,7 @@ def _fit_floats(source: _Source, value: Any, dtype: np.dtype, action: str) -> An
     else:
         return value
     with np.errstate(over="ignore", invalid="ignore"):
-        converted = array.astype(dtype)
+        converted = array.astype(jax.dtypes.canonicalize_dtype(array.dtype)).astype(dtype)
     lost = np.isfinite(array) & ~np.isfinite(converted)
     if lost.any():
         raise DtypeMismatchError(
@@ -452,7 +457,7 @@ def _fit_floats(source: _Source, value: Any, dtype: np.dtype, action: str) -> An
             f"variable's dtype {dtype}, whose largest value is {_float_max(dtype):.6g}: it "
             f"would become {np.asarray(converted)[lost].flat[0]}"
         )
-    return value if scalar else converted
+    return value
 
 
 def broadcasts_to(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 from . import _placement, _state, _trace, _variable
 from ._closure import closure_variables
 from ._convert import Tracer
-from ._errors import PlacementError, StatevarError, TraceContextError
+from ._errors import PlacementError, StatevarError, TraceContextError, interrupted_update_error
 from ._jit_cache import Box, Cache, Entry, Found, put_back, reference, store
 from ._signals import held_signals
 from ._tree import Node, Structure, is_state, variables_and_structure
@@ -290,6 +290,10 @@ class JitFunction:
         call runs Python code after donating."""
         box = Box()
         with _state.update_lock:
+            if _state.donating[0]:
+                # In a signal handler that interrupted a donating update (see
+                # `_state.donating`), which would store its result over this step's.
+                raise interrupted_update_error(f"call the statevar.jit function {self.__name__!r}")
             try:
                 entry, arrays, originals, found = self._trace(key, entry, dynamic, donating=True)
             except (RuntimeError, ValueError) as error:

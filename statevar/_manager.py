@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from . import _state
 from ._checkpoint import (
     _STEP_TEMPORARY,
     PathLike,
@@ -28,6 +27,7 @@ from ._checkpoint import (
     _restore,
     _snapshot,
     check_untraced,
+    directory_lock,
     sync_processes,
 )
 from ._errors import CheckpointExistsError, CheckpointNotFoundError
@@ -130,7 +130,7 @@ class CheckpointManager:
         check_untraced("save")
         step = _checked_step(step)
         entries, arrays = _snapshot(_named_variables(target))
-        with _state.checkpoint_lock(self._directory.resolve()):  # one writer per directory
+        with directory_lock(self._directory, "save to"):  # one writer per directory
             self._write_step(step, entries, arrays)
 
     def _write_step(
@@ -219,11 +219,6 @@ class CheckpointManager:
           CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
         """
         check_untraced("restore")
-        with _state.checkpoint_lock(self._directory.resolve()):  # not while a save deletes
-            return self._restore_step(target, step, partial)
-
-    def _restore_step(self, target: Any, step: int | None, partial: bool) -> RestoreResult | None:
-        """Restores ``step`` (see `restore`)."""
         steps = self.all_steps()
         if step is None:
             if not steps:
@@ -243,7 +238,9 @@ class CheckpointManager:
             )
         step = int(step)
         shown = os.path.join(self._shown, str(step))
-        return _restore(self._directory / str(step), target, partial, shown, step)
+        return _restore(
+            self._directory / str(step), target, partial, shown, step, lock=self._directory
+        )
 
     def __repr__(self) -> str:
         return f"CheckpointManager({self._shown!r}, max_to_keep={self._max_to_keep})"

@@ -85,17 +85,11 @@ compiled_functions: weakref.WeakSet[Any] = weakref.WeakSet()
 live_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
 
 # One lock per checkpoint directory (resolved path) that this process saves into or
-# restores from, made by `checkpoint_lock`: a save deletes what it did not write (data of
-# replaced checkpoints, what interrupted saves left), so two threads saving into one
-# directory would delete each other's data.
-_checkpoint_locks: dict[str, threading.Lock] = {}
-_checkpoint_locks_guard = threading.Lock()
-
-
-def checkpoint_lock(directory: Any) -> threading.Lock:
-    """The lock that this process's saves into and restores from ``directory`` hold."""
-    with _checkpoint_locks_guard:
-        return _checkpoint_locks.setdefault(str(directory), threading.Lock())
+# restores from (see `_checkpoint.directory_lock`): a save deletes what it did not write
+# (data of replaced checkpoints, what interrupted saves left), so two threads saving into
+# one directory would delete each other's data.
+checkpoint_locks: dict[str, Any] = {}
+checkpoint_locks_guard = threading.Lock()
 
 
 # The exact types of the concrete (non-tracer) array arguments `statevar.jit` has seen; its

@@ -151,9 +151,7 @@ class Readable(ArrayOperators):
             size = self.shape[0] if self.shape else None
             if size is None or not -size <= index < size:
                 index_shape(self.shape, index, f"Cannot read Variable '{self.name}'")
-        elif not isinstance(index, jax.Array) and not (
-            isinstance(index, tuple) and any(isinstance(part, jax.Array) for part in index)
-        ):
+        elif all(map(_on_host, index if isinstance(index, tuple) else (index,))):
             index_shape(self.shape, index, f"Cannot read Variable '{self.name}'")
         return self._read()[index]
 
@@ -332,6 +330,24 @@ def traced_update_error(variable: Readable, operation: Operation) -> TraceContex
     return TraceContextError(
         f"Cannot {operation.phrase} Variable '{variable.name}' inside jax.jit or another "
         "JAX transformation: use statevar.jit, which carries the update out of the trace."
+    )
+
+
+def _on_host(part: Any) -> bool:
+    """Whether an index part is one NumPy checks without waiting for a device or a trace:
+    an integer, a slice of integers, None, Ellipsis, or integers or bools in a NumPy array
+    or a list. (Anything else, JAX takes or refuses itself.)"""
+    if part is None or part is Ellipsis or isinstance(part, (int, np.integer, np.bool_)):
+        return True
+    if isinstance(part, slice):
+        return all(
+            bound is None or isinstance(bound, (int, np.integer))
+            for bound in (part.start, part.stop, part.step)
+        )
+    if isinstance(part, np.ndarray):
+        return part.dtype == np.bool_ or np.issubdtype(part.dtype, np.integer)
+    return isinstance(part, list) and all(
+        isinstance(item, (int, np.integer, np.bool_)) for item in part
     )
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import sys
 import types
 import weakref
@@ -67,7 +68,13 @@ def call(dynamic):
             # `Entry.arrays`, written out: an array read earlier is copied, not donated.
             if _sum(_map(_getrefcount, arrays)) > unshared:
                 arrays = _copy_shared(originals)
-            (({stores}result,),) = _starmap(jitted, ((arrays, dynamic),))
+            # The flag is cleared from C as the iterator hands the call its arguments (no
+            # signal handler can run in between): the step itself may run Python (JAX
+            # tracing it for new shapes, a jax.debug.callback) that reads and updates
+            # variables it did not lift.
+            (({stores}result,),) = _starmap(
+                jitted, _compress(((arrays, dynamic),), _map(_not, _starmap(_set_donating, _CLEAR)))
+            )
         except Exception as error:
             raise _failed(function_ref, variables, arrays, error, dynamic) from error
         finally:
@@ -129,6 +136,11 @@ def _interrupted(function_ref: weakref.ref[JitFunction]) -> Exception:
 _NAMESPACE = {
     "_compile_epoch": _state.compile_epoch,  # a one-item list, changed in place
     "_donating": _state.donating,  # a one-item list, changed in place
+    # `_donating[0] = False` as a call in C: `_set_donating(0, False)` returns None.
+    "_set_donating": _state.donating.__setitem__,
+    "_CLEAR": ((0, False),),
+    "_compress": itertools.compress,
+    "_not": operator.not_,
     "_interrupted": _interrupted,
     "_acquire": _state.update_lock.acquire,
     "_release": _state.update_lock.release,

@@ -418,9 +418,13 @@ class _HandlerInTheWindow:
     def arm(self, namespace, name):
         real = namespace.get(name) or getattr(builtins, name)
 
+        fired = []
+
         def raise_signal_then_call(*args):
             namespace[name] = real
-            signal.raise_signal(signal.SIGUSR1)  # the handler runs right after this call
+            if not fired:  # once: the update may have looked the name up twice
+                fired.append(True)
+                signal.raise_signal(signal.SIGUSR1)  # the handler runs right after this
             return real(*args)
 
         self._monkeypatch.setitem(namespace, name, raise_signal_then_call)
@@ -509,3 +513,69 @@ def test_a_signal_handler_calling_a_compiled_step_during_an_update_is_refused(mo
     ):
         update()
     np.testing.assert_array_equal(w.numpy(), np.ones(4))
+
+
+@pytest.mark.usefixtures("_sigusr1")
+def test_a_signal_handler_calling_a_compiled_step_for_the_first_time_is_refused(monkeypatch):
+    v = statevar.Variable(jnp.zeros(4), name="v")
+    w = statevar.Variable(jnp.zeros(4), name="w")
+
+    @statevar.jit
+    def bump_w():
+        w.assign_add(1.0)
+
+    window = _HandlerInTheWindow(monkeypatch, lambda kept: bump_w())  # never called before
+    name, update, namespace, wrapped = _paths(v)[0]
+    window.arm(namespace, wrapped)
+    with pytest.raises(statevar.StatevarError, match=r"'bump_w' in a signal handler"):
+        update()
+    np.testing.assert_array_equal(w.numpy(), np.zeros(4))
+
+
+@pytest.mark.usefixtures("_sigusr1")
+@pytest.mark.parametrize("api", ["save", "CheckpointManager"])
+def test_a_signal_handler_saving_while_a_save_to_the_same_place_runs_is_refused(
+    tmp_path, monkeypatch, api
+):
+    from statevar import _checkpoint, _manager
+
+    x = statevar.Variable(jnp.arange(4.0), name="x")
+    manager = statevar.CheckpointManager(tmp_path / "run")
+
+    def save(step):
+        if api == "save":
+            statevar.save(tmp_path / "ckpt", x)
+        else:
+            manager.save(step, x)
+
+    save(0)
+    x.assign_add(1.0)
+    signal.signal(signal.SIGUSR1, lambda *_: save(2))
+    # The signal arrives once this save's data is written, before its manifest.
+    module, name = (
+        (_checkpoint, "write_manifest") if api == "save" else (_manager, "write_manifest")
+    )
+    monkeypatch.setattr(module, name, _signalled(getattr(module, name)))
+    with pytest.raises(
+        statevar.StatevarError,
+        match=r"Cannot save to '.*' in a signal handler that interrupted a save to or restore "
+        r"from it: the two would delete each other's files",
+    ):
+        save(1)
+    monkeypatch.undo()
+
+    restored = statevar.Variable(jnp.zeros(4), name="x")
+    if api == "save":
+        statevar.restore(tmp_path / "ckpt", restored)
+    else:
+        assert manager.all_steps() == [0]
+        manager.restore(restored)
+    np.testing.assert_array_equal(restored.numpy(), np.arange(4.0))  # the earlier save
+
+
+def _signalled(fn):
+    def call_then_signal(*args):
+        signal.raise_signal(signal.SIGUSR1)
+        return fn(*args)
+
+    return call_then_signal

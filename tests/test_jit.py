@@ -1266,3 +1266,44 @@ def test_a_variables_repr_while_tracing_shows_no_numbers_from_before_the_step(tr
     assert (
         repr(w) == "<Variable 'w' shape=(2,) dtype=float32, numpy=array([1., 2.], dtype=float32)>"
     )
+
+
+def test_a_warm_step_traced_again_for_new_shapes_reads_a_variable_it_did_not_lift():
+    class Holder:  # a plain object: statevar cannot see inside before tracing
+        pass
+
+    holder = Holder()
+    holder.small = statevar.Variable(jnp.ones(3), name="small")
+    holder.large = statevar.Variable(jnp.full(4, 2.0), name="large")
+
+    @statevar.jit
+    def add(x):
+        return x + (holder.large if x.shape[0] == 4 else holder.small)
+
+    add(jnp.ones(3))
+    add(jnp.ones(3))  # warm
+    for _ in range(2):  # JAX traces the warm call again for the new shape
+        chex.assert_trees_all_equal(add(jnp.ones(4)), jnp.full(4, 3.0))
+
+
+def test_a_debug_callback_in_a_warm_step_may_update_a_variable_the_step_does_not_lift():
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.seen = statevar.Variable(0.0, name="seen")
+    w = statevar.Variable(jnp.zeros(3), name="w")
+
+    def count(total):
+        holder.seen.assign_add(float(total))
+
+    @statevar.jit
+    def step(x):
+        w.assign_add(x)
+        jax.debug.callback(count, jnp.sum(x))
+
+    for _ in range(3):
+        step(jnp.ones(3))
+        jax.effects_barrier()
+    assert float(holder.seen) == 9.0
+    chex.assert_trees_all_equal(w.value, jnp.full(3, 3.0))

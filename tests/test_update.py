@@ -432,6 +432,19 @@ _REJECTED = {
         r"Variable 'v': a value of dtype float \(70000.0\) is out of range for the variable's "
         r"dtype float16, whose largest value is 65504: it would become inf",
     ),
+    "float_rounding_to_inf_through_float32": (
+        np.array([1, 2], np.float16),
+        65519.99999999,  # float32 first, as JAX converts it: 65520.0, which float16 makes inf
+        TypeError,
+        r"Variable 'v': a value of dtype float \(65519.99999999\) is out of range.*float16",
+    ),
+    "complex_beyond_complex64": (
+        np.array([1, 2], np.complex64),
+        complex(1.5e308, 1.5e308),
+        TypeError,
+        r"Variable 'v': a value of dtype complex .* is out of range for the variable's dtype "
+        r"complex64",
+    ),
     "float64_array_out_of_range": (
         [1.0, 2.0],
         np.array([1.0, -1e40]),

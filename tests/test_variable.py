@@ -380,6 +380,7 @@ def test_scalar_variable_works_as_an_index():
     ("index", "error", "match"),
     [
         (5, IndexError, r"\[5\]: index 5 is out of bounds for axis 0 with size 3"),
+        (np.int64(5), IndexError, r"\[np.int64\(5\)\]: index 5 is out of bounds for axis 0"),
         (-4, IndexError, r"\[-4\]: index -4 is out of bounds for axis 0 with size 3"),
         ((0, 2), IndexError, r"\[\(0, 2\)\]: index 2 is out of bounds for axis 1 with size 2"),
         (np.array([0, 3]), IndexError, r"\[array\(\[0, 3\]\)\]: index 3 is out of bounds"),
@@ -402,6 +403,12 @@ def test_reading_out_of_range_is_refused_as_writing_is(index, error, match):
         table[index] = 0.0
     chex.assert_trees_all_equal(table[-3], jnp.array([0.0, 1.0]))
     chex.assert_trees_all_equal(table[1:10, -1], jnp.array([3.0, 5.0]))  # slices clip
+
+
+def test_an_index_numpy_does_not_take_is_left_to_jax():
+    table = statevar.Variable(np.arange(6.0).reshape(3, 2), name="table")
+    with pytest.raises(TypeError):  # JAX's own error, as for a jax.Array
+        table[1.0]
 
 
 def test_reading_out_of_range_inside_a_compiled_step_is_refused_as_it_traces():
