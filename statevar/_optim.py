@@ -54,9 +54,9 @@ def _transformation(tx: Any, hyperparameters: dict[str, Any]) -> Any:
         if type(rate) is int:  # a float from the start, so that it can be set to 0.5 later
             hyperparameters[_LEARNING_RATE] = float(rate)
         # optax would hold the hyperparameters in the parameters' dtype: in bfloat16,
-        # adam's b2=0.999 rounds to 1.0 and the first step gives NaN. They are held in the
-        # widest float JAX stores instead: float32, or float64 with x64 on.
-        dtype = hyperparameters.pop("hyperparam_dtype", jax.dtypes.canonicalize_dtype(np.float64))
+        # adam's b2=0.999 rounds to 1.0 and the first step gives NaN. float32 holds them
+        # well, and (unlike float64 with x64 on) keeps a float32 model's math in float32.
+        dtype = hyperparameters.pop("hyperparam_dtype", jnp.float32)
         built = optax.inject_hyperparams(
             factory, static_args=_static_args(hyperparameters), hyperparam_dtype=dtype
         )(**hyperparameters)
@@ -115,9 +115,8 @@ class Optimizer:
         structure, as `statevar.grad` gives them for the same ``wrt``. None: build later.
       name: the prefix of the state variables' names (``"optimizer/iterations"``, ...).
       **hyperparameters: the factory's arguments, e.g. ``learning_rate=1e-3``; and
-        ``hyperparam_dtype``, the dtype they are held in: unless given, float32 (float64
-        with ``jax_enable_x64`` on), so that in a bfloat16 model adam's ``b2=0.999`` does
-        not round to 1.
+        ``hyperparam_dtype``, the dtype they are held in: float32 unless given, so that in
+        a bfloat16 model adam's ``b2=0.999`` does not round to 1.
 
     Raises:
       TypeError: if ``tx`` is not an optax transformation (or a factory with
