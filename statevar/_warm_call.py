@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import operator
 import sys
 import types
 import weakref
@@ -62,19 +61,22 @@ def call(dynamic):
             raise _interrupted(function_ref)
         arrays = originals = [{reads}]
         found = traced.found
+        # The call, made when the unpacking assignment below consumes it. Its arguments
+        # sit in a list, so that copies of shared arrays can take their place.
+        calls = [(arrays, dynamic)]
+        call = _starmap(jitted, calls)
         try:
-            # Set before the reference counts are read (see `_state.donating`).
+            # Set while the reference counts are read (see `_state.donating`), and cleared
+            # with no signal check before the call: the step itself may run Python (JAX
+            # tracing it for new shapes, a jax.debug.callback) that reads and updates
+            # variables it did not lift.
             _donating[0] = True
             # `Entry.arrays`, written out: an array read earlier is copied, not donated.
             if _sum(_map(_getrefcount, arrays)) > unshared:
                 arrays = _copy_shared(originals)
-            # The flag is cleared from C as the iterator hands the call its arguments (no
-            # signal handler can run in between): the step itself may run Python (JAX
-            # tracing it for new shapes, a jax.debug.callback) that reads and updates
-            # variables it did not lift.
-            (({stores}result,),) = _starmap(
-                jitted, _compress(((arrays, dynamic),), _map(_not, _starmap(_set_donating, _CLEAR)))
-            )
+                calls[0] = (arrays, dynamic)
+            _donating[0] = False
+            (({stores}result,),) = call
         except Exception as error:
             raise _failed(function_ref, variables, arrays, error, dynamic) from error
         finally:
@@ -136,11 +138,6 @@ def _interrupted(function_ref: weakref.ref[JitFunction]) -> Exception:
 _NAMESPACE = {
     "_compile_epoch": _state.compile_epoch,  # a one-item list, changed in place
     "_donating": _state.donating,  # a one-item list, changed in place
-    # `_donating[0] = False` as a call in C: `_set_donating(0, False)` returns None.
-    "_set_donating": _state.donating.__setitem__,
-    "_CLEAR": ((0, False),),
-    "_compress": itertools.compress,
-    "_not": operator.not_,
     "_interrupted": _interrupted,
     "_acquire": _state.update_lock.acquire,
     "_release": _state.update_lock.release,

@@ -447,7 +447,7 @@ def _paths(v):
     return [
         ("eager hot path", lambda: v.assign_add(one), variable_globals, "map"),
         ("eager general path", lambda: v.assign_add(1.0), variable_globals, "_starmap"),
-        ("compiled step", step, entry.call.__globals__, "_starmap"),
+        ("compiled step", step, entry.call.__globals__, "_sum"),
     ]
 
 
