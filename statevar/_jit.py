@@ -293,7 +293,7 @@ class JitFunction:
             if _state.donating[0]:
                 # In a signal handler that interrupted a donating update (see
                 # `_state.donating`), which would store its result over this step's.
-                raise interrupted_update_error(f"call the statevar.jit function {self.__name__!r}")
+                raise self._interrupted()
             try:
                 entry, arrays, originals, found = self._trace(key, entry, dynamic, donating=True)
             except (RuntimeError, ValueError) as error:
@@ -396,6 +396,11 @@ class JitFunction:
 
     def _under_transformation(self) -> TraceContextError:
         return _under_transformation(self.__name__)
+
+    def _interrupted(self) -> StatevarError:
+        """The error for a call made by a signal handler that interrupted a donating update
+        (see `_state.donating`)."""
+        return interrupted_update_error(f"call the statevar.jit function {self.__name__!r}")
 
     def _is_static(self, treedef: Any, position: int) -> bool:
         if not self._has_static:

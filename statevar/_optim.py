@@ -31,7 +31,7 @@ from ._tree import (
     variables_and_structure,
 )
 from ._variable import Variable
-from ._view import Readable, read_operand
+from ._view import read_operand
 
 _LEARNING_RATE = "learning_rate"
 
@@ -528,8 +528,7 @@ class Optimizer:
         its current value is applied."""
         params = set(self._params)
         for variable, gradient in by_variable.items():
-            if isinstance(gradient, Readable):
-                gradient = by_variable[variable] = read_operand(gradient)
+            gradient = by_variable[variable] = read_operand(gradient)
             if variable not in params:
                 raise ValueError(
                     f"Got a gradient for Variable '{variable.name}', which Optimizer "

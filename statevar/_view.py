@@ -147,10 +147,8 @@ class Readable(ArrayOperators):
         """Returns ``self.value[index]``. An index known on the host is checked as NumPy
         checks it (JAX would clamp an integer out of range to the last element)."""
         index = unwrap_index(index)
-        if type(index) is int:
-            size = self.shape[0] if self.shape else None
-            if size is None or not -size <= index < size:
-                index_shape(self.shape, index, f"Cannot read Variable '{self.name}'")
+        if type(index) is int and self.shape and -self.shape[0] <= index < self.shape[0]:
+            pass  # the common v[i], in range
         elif all(map(_on_host, index if isinstance(index, tuple) else (index,))):
             index_shape(self.shape, index, f"Cannot read Variable '{self.name}'")
         return self._read()[index]

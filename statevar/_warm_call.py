@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import _state, _update, _variable
 from ._convert import Tracer
-from ._errors import interrupted_update_error
 from ._jit_cache import Entry, put_back
 from ._variable import Variable
 
@@ -58,7 +57,7 @@ def call(dynamic):
     try:
         _acquire()
         if _donating[0]:
-            raise _interrupted(function_ref)
+            raise function_ref()._interrupted()
         arrays = originals = [{reads}]
         found = traced.found
         # The call, made when the unpacking assignment below consumes it. Its arguments
@@ -127,18 +126,9 @@ def _failed(
     return function._failed_call(variables, arrays, error, dynamic)
 
 
-def _interrupted(function_ref: weakref.ref[JitFunction]) -> Exception:
-    """The error for a call made by a signal handler that interrupted a donating update
-    (see `_state.donating`)."""
-    function = function_ref()
-    assert function is not None  # as in `_hand_back`
-    return interrupted_update_error(f"call the statevar.jit function {function.__name__!r}")
-
-
 _NAMESPACE = {
     "_compile_epoch": _state.compile_epoch,  # a one-item list, changed in place
     "_donating": _state.donating,  # a one-item list, changed in place
-    "_interrupted": _interrupted,
     "_acquire": _state.update_lock.acquire,
     "_release": _state.update_lock.release,
     "_sum": sum,
