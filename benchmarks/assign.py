@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 import statevar
+from statevar import _variable
 
 VARIANTS = {
     "statevar": "statevar v.assign_add(d)",
@@ -274,7 +275,8 @@ def main() -> None:
     device = jax.devices()[0]
     print(
         f"statevar {statevar.__version__}, jax {jax.__version__}, device {device} "
-        f"({device.device_kind}), {os.cpu_count()} CPU cores"
+        f"({device.device_kind}), {os.cpu_count()} CPU cores; eager updates "
+        + ("in C (statevar._hotpath)" if _variable._hotpath else "in pure Python")
     )
 
     pipelined = time_small(args.samples, args.calls)

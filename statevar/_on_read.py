@@ -389,7 +389,12 @@ class OnReadVariable(Variable, synchronization="on_read"):
             return replicas
         return reader(self._layout)(replicas)
 
-    value = property(_read, doc="The aggregate of the replicas' values (see `Variable.value`).")
+    value = property(
+        _read,
+        Variable._refuse_value_set,
+        Variable._refuse_value_set,
+        doc="The aggregate of the replicas' values (see `Variable.value`).",
+    )
 
     # ----------------------------------------------------------------- updates
 
@@ -507,7 +512,9 @@ class OnReadVariable(Variable, synchronization="on_read"):
         """Whether a trace frame holds the variable in a `jax.Ref`, which writes then reach."""
         return any(self in frame.refs for frame in _trace._stack())
 
-    def _failed_update(self, operation: Operation, value: Any, old: jax.Array) -> Variable:
+    def _failed_update(
+        self, operation: Operation, value: Any, old: jax.Array, error: Exception
+    ) -> Variable:
         if old.is_deleted() and operation is _update.ASSIGN:
             # Donated or deleted outside statevar: an assign gives every replica a value.
             if isinstance(value, PerReplica):
@@ -519,7 +526,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 like = self._aggregate_target()
                 self._replace_array(initializer(self._layout)(_update.fresh(value, like)))
             return self
-        return super()._failed_update(operation, value, old)
+        return super()._failed_update(operation, value, old, error)
 
     def reshard(
         self, sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None

@@ -9,17 +9,28 @@ scopes in `_placement`.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any
 
 import numpy as np
 
+try:
+    from . import _hotpath
+except ImportError:  # installed without its optional C extension
+    _hotpath = None
+
 # Guards every variable's array between reading it for an update and storing the result:
 # eager updates and reads, and `statevar.jit` calls, which read, donate and replace many
 # variables at once. One reentrant lock (rather than one per variable) keeps a compiled
-# step to a single acquire and cannot deadlock.
-update_lock = threading.RLock()
+# step to a single acquire and cannot deadlock. The C extension's `Lock` where it was built
+# (a `threading.RLock` without timeouts, which its updates take without a Python call and
+# whose acquire and release parse no arguments), else a `threading.RLock`.
+update_lock = (_hotpath.Lock if _hotpath is not None else threading.RLock)()
+# A child process made by os.fork starts with the lock free: the thread holding it is gone.
+# (typeshed omits threading.RLock's `_at_fork_reinit`, which CPython has had since 3.9.)
+os.register_at_fork(after_in_child=update_lock._at_fork_reinit)  # pyright: ignore[reportAttributeAccessIssue]
 
 # Whether the thread holding `update_lock` is between deciding to donate arrays (nothing
 # else holds them) and storing what the donating call returned (a one-item list, changed

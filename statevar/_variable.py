@@ -27,6 +27,7 @@ from ._convert import (
 from ._errors import DtypeMismatchError, TraceContextError, interrupted_update_error
 from ._operators import RefusedInPlace
 from ._signals import held_signals
+from ._state import _hotpath  # None where the optional C extension was not built
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK, Operation
 from ._view import Readable, index_shape, read_operand, traced_update_error, unwrap_index
 
@@ -39,6 +40,8 @@ _acquire, _release = _update_lock.acquire, _update_lock.release
 _donating = _state.donating
 _placement_settings = _state.placement_settings
 _compile_epoch = _state.compile_epoch
+if _hotpath is not None:
+    _hotpath.configure(_update_lock, _donating, _state)
 # The type of a concrete array, as the eager hot path checks it: recorded when a hot path
 # first opens (`Variable._open_hot_path`), so that importing statevar starts no JAX backend.
 _array_type: type | None = None
@@ -54,7 +57,8 @@ ReshardTarget: TypeAlias = (
 # stores a new array in it, and `statevar.jit`'s compiled step (`_jit_cache.store` on a
 # first call, `_warm_call` after) stores many variables' arrays at once, with no bytecode
 # where an exception can land between the donating call and the stores. In this module the
-# updates (`_eager_update`, `Variable._run_kernel`), `reshard` and deep copies store it.
+# updates (`_hotpath.Update` and `python_update`, `Variable._run_kernel`), `reshard` and deep
+# copies store it.
 ARRAY_ATTRIBUTE = "_value"
 
 
@@ -262,8 +266,20 @@ def compiled_key(signature: Any, *, committed: bool) -> Any:
 
 
 def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], Variable]:
-    """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`, `ASSIGN_SUB`): the eager
-    hot path, with everything else left to `Variable._update`.
+    """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`, `ASSIGN_SUB`): its hot
+    path in C (`statevar._hotpath`) where that extension was built, which calls
+    `python_update` off the hot path; `python_update` itself where it was not. The two
+    behave the same; the C one costs about a third of the Python work around JAX's call
+    (benchmarks/README.md)."""
+    python = python_update(operation, doc)
+    if _hotpath is None:
+        return python
+    return _hotpath.Update(operation, _HOT_SLOTS[operation], python)
+
+
+def python_update(operation: Operation, doc: str) -> Callable[[Variable, Any], Variable]:
+    """Builds the pure-Python method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`,
+    `ASSIGN_SUB`): the eager hot path, with everything else left to `Variable._update`.
 
     One body serves the three methods, each its own function, so a call costs one Python
     frame. The hot path takes an uncommitted array of the variable's abstract value
@@ -309,8 +325,8 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                         (old,),
                         (value,),
                     )
-                except (RuntimeError, ValueError):
-                    return self._failed_update(operation, value, old)
+                except (RuntimeError, ValueError) as error:
+                    return self._failed_update(operation, value, old, error)
                 finally:
                     _donating[0] = False
                 if type(self._value) is not _array_type:
@@ -533,7 +549,7 @@ class Variable(RefusedInPlace, Readable):
             traced = _trace.read(self)
             if traced is not None:
                 return traced
-        try:  # rather than `with _update_lock`, which costs more; see `_eager_update`
+        try:  # rather than `with _update_lock`, which costs more; see `python_update`
             _acquire()
             value = self._value
             if _donating[0] and not value.is_deleted():
@@ -553,8 +569,24 @@ class Variable(RefusedInPlace, Readable):
     def _traced_here(self) -> bool:
         return _trace.innermost() is not None
 
+    def _refuse_value_set(self, value: Any = None) -> None:
+        """Refuses ``v.value = x`` (and ``del v.value``), which a flax nnx user may write.
+
+        Raises:
+          AttributeError: always, naming the variable and the method to call.
+        """
+        raise AttributeError(
+            f"Cannot set Variable '{self.name}' by assigning to .value: a variable is "
+            "updated in place with .assign(new_value) (or assign_add, assign_sub, v[i] = x)"
+        )
+
     # `_read` itself as the property's getter: one Python call per read, not two.
-    value = property(_read, doc="The current value; it stays valid after later updates.")
+    value = property(
+        _read,
+        _refuse_value_set,
+        _refuse_value_set,
+        doc="The current value; it stays valid after later updates.",
+    )
 
     def _replace_array(self, array: jax.Array) -> None:
         """Stores ``array`` as the variable's value, as it is: no conversion, no check.
@@ -576,7 +608,8 @@ class Variable(RefusedInPlace, Readable):
 
     # ----------------------------------------------------------------- updates
 
-    # The eager updates are built by `_eager_update` (one code body, no extra call): see there.
+    # The eager updates are built by `_eager_update` (in C where the extension was built, else
+    # one Python body with no extra call): see there.
     assign = _eager_update(
         ASSIGN,
         """Sets the variable to ``value``, in place.
@@ -805,7 +838,7 @@ class Variable(RefusedInPlace, Readable):
         Atomic with respect to exceptions raised at any bytecode: JAX's first call for new
         argument types (``signature`` not yet run) runs Python code after donating, so the
         first donating call holds the signal handlers until the result is stored; later
-        calls store the result with no check for signals in between (see `_eager_update`).
+        calls store the result with no check for signals in between (see `python_update`).
         A copying call needs neither: it donates nothing. Opens the eager hot path for the
         update once its donating call is compiled for a bare ``signature`` (an uncommitted
         array of the variable's abstract value, see `_update`).
@@ -850,8 +883,8 @@ class Variable(RefusedInPlace, Readable):
                 # A copying call donates nothing: an exception landing in JAX's Python
                 # code leaves the variable its old array.
                 (self._value,) = _starmap(kernel, ((old, *operands),))
-        except (RuntimeError, ValueError):
-            self._failed_update(operation, value, old)
+        except (RuntimeError, ValueError) as error:
+            self._failed_update(operation, value, old, error)
             return
         if type(self._value) is not type(old):
             self._refuse_traced(operation, old)
@@ -882,7 +915,10 @@ class Variable(RefusedInPlace, Readable):
         its donating call is compiled for the variable's commitment, which only a new
         compile epoch changes."""
         global _array_type
-        _array_type = type(self._value)
+        if _array_type is not type(self._value):
+            _array_type = type(self._value)
+            if _hotpath is not None:
+                _hotpath.set_array_type(_array_type)
         epoch = _compile_epoch[0]
         if self._hot_epoch != epoch:
             self._hot_avals, self._hot_epoch = [None, None, None], epoch
@@ -901,8 +937,11 @@ class Variable(RefusedInPlace, Readable):
         _trace.write(self, new, operation.phrase)
         return self
 
-    def _failed_update(self, operation: Operation, value: Any, old: jax.Array) -> Variable:
-        """Handles an update whose jitted call failed; the variable still holds ``old``.
+    def _failed_update(
+        self, operation: Operation, value: Any, old: jax.Array, error: Exception
+    ) -> Variable:
+        """Handles an update whose jitted call raised ``error``; the variable still holds
+        ``old``.
 
         Returns the variable if the failure is recovered (an assign to a variable whose
         array was deleted outside statevar); otherwise raises, naming the variable.
@@ -915,7 +954,7 @@ class Variable(RefusedInPlace, Readable):
             return self
         # An array deleted (donated elsewhere) that passed the inline check above.
         check_not_deleted(value, f"Cannot {operation.phrase} Variable '{self.name}'")
-        raise  # the jitted call's error, which the caller is handling
+        raise error
 
     def _refuse_traced(self, operation: Operation, old: jax.Array) -> None:
         """Puts ``old`` back and raises: under jax.jit an update is only traced, even with

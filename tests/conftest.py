@@ -35,6 +35,20 @@ def _reset_placement_settings():
     statevar.set_log_device_placement(False)
 
 
+@pytest.fixture(params=["C", "Python"])
+def eager_updates(request, monkeypatch):
+    """Runs a test once with each implementation of the eager updates (`assign`,
+    `assign_add`, `assign_sub`): the C hot path of `statevar._hotpath`, which the test
+    install builds, and the pure-Python one, which runs where it was not built."""
+    variable = statevar.Variable
+    if request.param == "C":
+        assert isinstance(variable.assign_add, statevar._hotpath.Update)
+    else:
+        for name in ("assign", "assign_add", "assign_sub"):
+            monkeypatch.setattr(variable, name, getattr(variable, name).__wrapped__)
+    return request.param
+
+
 @pytest.fixture
 def first_calls(monkeypatch):
     """Counts the calls that hold signal handlers: first calls, whose JAX Python path runs

@@ -9,6 +9,7 @@ asserted holds wherever it lands.
 
 import builtins
 import contextlib
+import dataclasses
 import random
 import signal
 import threading
@@ -20,6 +21,7 @@ import optax
 import pytest
 
 import statevar
+from statevar._update import ASSIGN_ADD
 
 TRIALS = 20
 
@@ -73,6 +75,7 @@ def _assert_intact(variable):
     return variable.numpy()
 
 
+@pytest.mark.usefixtures("eager_updates")
 @pytest.mark.parametrize(
     "update, step",
     [
@@ -102,6 +105,7 @@ def test_an_interrupted_eager_update_leaves_the_old_or_the_new_value(update, ste
         np.testing.assert_array_equal(v.numpy(), np.full(8, step * completed))
 
 
+@pytest.mark.usefixtures("eager_updates")
 @pytest.mark.parametrize(
     "update",
     [
@@ -260,6 +264,7 @@ def general_path(monkeypatch):
     return counted
 
 
+@pytest.mark.usefixtures("eager_updates")
 def test_the_first_donating_update_holds_signal_handlers_after_copying_ones(
     first_calls, general_path
 ):
@@ -283,6 +288,7 @@ def test_the_first_donating_update_holds_signal_handlers_after_copying_ones(
     np.testing.assert_array_equal(v.numpy(), np.full(4, 5.0))
 
 
+@pytest.mark.usefixtures("eager_updates")
 def test_a_variable_committed_by_a_compiled_step_leaves_the_eager_hot_path(
     first_calls, general_path
 ):
@@ -305,6 +311,7 @@ def test_a_variable_committed_by_a_compiled_step_leaves_the_eager_hot_path(
     np.testing.assert_array_equal(v.numpy(), np.full(2, 5.0))
 
 
+@pytest.mark.usefixtures("eager_updates")
 def test_an_update_on_the_hot_paths_terms_inside_a_compiled_step_is_traced(general_path):
     v = statevar.Variable(jnp.zeros(2), name="v")
     one = jnp.ones(2)
@@ -344,6 +351,7 @@ def _ctrl_c_on_leaving(held_signals):
     return interrupted
 
 
+@pytest.mark.usefixtures("eager_updates")
 def test_a_ctrl_c_ending_an_update_that_commits_the_variable_closes_the_hot_path(
     monkeypatch, general_path
 ):
@@ -385,6 +393,7 @@ def test_a_ctrl_c_ending_a_first_call_that_commits_a_variable_closes_its_hot_pat
     np.testing.assert_array_equal(v.numpy(), np.full(4, 4.0))
 
 
+@pytest.mark.usefixtures("eager_updates")
 def test_an_interrupted_reshard_leaves_the_variable_where_it_was(monkeypatch):
     v, one = _on_the_hot_path("assign_add")
     home = v.device
@@ -430,9 +439,10 @@ class _HandlerInTheWindow:
         self._monkeypatch.setitem(namespace, name, raise_signal_then_call)
 
 
-def _paths(v):
-    """(name, update, namespace, name) for each update path: the callable in ``namespace``
-    that each calls between reading the reference count and donating."""
+def _paths(v, monkeypatch):
+    """(name, update, namespace, name) for each update path: ``update`` runs it, and the
+    callable ``name`` in ``namespace`` is what it calls between reading the reference count
+    and donating."""
     one = jnp.ones(4)
 
     @statevar.jit
@@ -443,9 +453,27 @@ def _paths(v):
         update()
         update()  # warm: the hot path is open, the step compiled
     (entry,) = step.jit_function._cache.entries.values()
+    method = statevar.Variable.assign_add
+    python = getattr(method, "__wrapped__", method)  # C, or Python (`eager_updates`)
+    # In C, a signal handler can run only in Python code that the donating call runs (JAX's
+    # own, off its fast path): a donating kernel reached through a name that a test wraps.
+    kernels = {"donating": ASSIGN_ADD.donating}
+    through_kernels = dataclasses.replace(
+        ASSIGN_ADD, donating=lambda *args: kernels["donating"](*args)
+    )
+    in_c = statevar._hotpath.Update(through_kernels, 1, python)
+
+    def eager(method):
+        def update():
+            monkeypatch.setattr(statevar.Variable, "assign_add", method)
+            v.assign_add(one)
+
+        return update
+
     variable_globals = vars(statevar._variable)
     return [
-        ("eager hot path", lambda: v.assign_add(one), variable_globals, "map"),
+        ("eager hot path in C", eager(in_c), kernels, "donating"),
+        ("eager hot path in Python", eager(python), variable_globals, "map"),
         ("eager general path", lambda: v.assign_add(1.0), variable_globals, "_starmap"),
         ("compiled step", step, entry.call.__globals__, "_sum"),
     ]
@@ -458,11 +486,11 @@ def _sigusr1():
     signal.signal(signal.SIGUSR1, previous)
 
 
-@pytest.mark.usefixtures("_sigusr1")
+@pytest.mark.usefixtures("_sigusr1", "eager_updates")
 def test_a_signal_handler_reading_during_an_update_keeps_a_valid_array(monkeypatch):
     v = statevar.Variable(jnp.zeros(4), name="v")
     window = _HandlerInTheWindow(monkeypatch, lambda kept: kept.append(v.value))
-    for name, update, namespace, wrapped in _paths(v):
+    for name, update, namespace, wrapped in _paths(v, monkeypatch):
         before = v.numpy()
         window.arm(namespace, wrapped)
         update()
@@ -479,7 +507,7 @@ def test_a_signal_handler_updating_during_an_update_is_refused_and_changes_nothi
     v = statevar.Variable(jnp.zeros(4), name="v")
     w = statevar.Variable(jnp.zeros(4), name="w")
     window = _HandlerInTheWindow(monkeypatch, lambda kept: w.assign_add(1.0))
-    for name, update, namespace, wrapped in _paths(v):
+    for name, update, namespace, wrapped in _paths(v, monkeypatch):
         before = v.numpy()
         window.arm(namespace, wrapped)
         with pytest.raises(
@@ -496,7 +524,10 @@ def test_a_signal_handler_updating_during_an_update_is_refused_and_changes_nothi
 
 @pytest.mark.usefixtures("_sigusr1")
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "first call"])
-def test_a_signal_handler_calling_a_compiled_step_during_an_update_is_refused(monkeypatch, warm):
+@pytest.mark.parametrize("path", [0, 1], ids=["C", "Python"])
+def test_a_signal_handler_calling_a_compiled_step_during_an_update_is_refused(
+    monkeypatch, warm, path
+):
     v = statevar.Variable(jnp.zeros(4), name="v")
     w = statevar.Variable(jnp.zeros(4), name="w")
 
@@ -507,7 +538,7 @@ def test_a_signal_handler_calling_a_compiled_step_during_an_update_is_refused(mo
     if warm:
         bump_w()
     window = _HandlerInTheWindow(monkeypatch, lambda kept: bump_w())
-    name, update, namespace, wrapped = _paths(v)[0]
+    name, update, namespace, wrapped = _paths(v, monkeypatch)[path]
     window.arm(namespace, wrapped)
     with pytest.raises(
         statevar.StatevarError,

@@ -5,6 +5,7 @@ import copy
 import logging
 import re
 import threading
+import types
 
 import chex
 import jax
@@ -367,21 +368,42 @@ def test_a_step_that_commits_what_it_computes_runs_its_next_call_as_a_first_call
     chex.assert_trees_all_equal(v.value, jnp.full(2, 3.0))
 
 
-def test_an_update_checks_the_variable_under_the_lock(first_calls, monkeypatch):
+@pytest.fixture
+def acquire_hook(eager_updates, monkeypatch):
+    """Sets a function that the eager updates (C or Python: `eager_updates`) call just
+    before they take the update lock."""
+    lock, hooks = statevar._state.update_lock, []
+
+    def acquire(*args):
+        for hook in hooks:
+            hook()
+        return lock.acquire(*args)
+
+    if eager_updates == "C":
+        hooked = types.SimpleNamespace(acquire=acquire, release=lock.release)
+        configure = statevar._hotpath.configure
+        configure(hooked, statevar._state.donating, statevar._state)
+        yield hooks.append
+        configure(lock, statevar._state.donating, statevar._state)
+    else:
+        monkeypatch.setattr(statevar._variable, "_acquire", acquire)
+        yield hooks.append
+
+
+def test_an_update_checks_the_variable_under_the_lock(first_calls, acquire_hook):
     # Another thread may commit the variable between a check made before the lock and
     # the donation: the update must see it, and run as a first update.
     v = statevar.Variable(jnp.zeros(2), name="v")
     one = jnp.ones(2)
     v.assign_add(one)
-    real = statevar._variable._acquire
+    v.assign_add(one)  # the hot path is open
     commit = [jax.device_put(jnp.zeros(2), _DEFAULT)]
 
-    def acquire_after_another_thread_commits(*args):
+    def another_thread_commits():
         if commit:
             v.assign(commit.pop())  # as another thread would, just before the lock
-        return real(*args)
 
-    monkeypatch.setattr(statevar._variable, "_acquire", acquire_after_another_thread_commits)
+    acquire_hook(another_thread_commits)
     before = len(first_calls)
     v.assign_add(one)
 

@@ -958,6 +958,22 @@ def test_creation_refuses_what_assign_refuses_with_the_same_message(value, dtype
     )
 
 
+@pytest.mark.parametrize("on_read", [False, True], ids=["variable", "on_read"])
+def test_setting_or_deleting_value_is_refused_with_the_method_to_call(on_read):
+    if on_read:
+        mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+        with statevar.mesh(mesh):
+            v = statevar.Variable(1.0, synchronization="on_read", aggregation="sum", name="w")
+    else:
+        v = statevar.Variable(1.0, name="w")
+    match = r"Cannot set Variable 'w' by assigning to .value: .*\.assign\(new_value\)"
+    with pytest.raises(AttributeError, match=match):
+        v.value = 2.0
+    with pytest.raises(AttributeError, match=match):
+        del v.value
+    assert float(v) == 1.0
+
+
 # --------------------------------------------------------------- arrays deleted outside
 
 
@@ -967,6 +983,7 @@ def _donated_elsewhere():
     return v
 
 
+@pytest.mark.usefixtures("eager_updates")
 def test_reading_a_variable_donated_outside_statevar_names_it_and_says_how_to_restore():
     v = _donated_elsewhere()
     for read in (lambda: v.value, lambda: v.numpy(), lambda: v + 1, lambda: float(v[0])):
@@ -975,6 +992,7 @@ def test_reading_a_variable_donated_outside_statevar_names_it_and_says_how_to_re
     assert "deleted outside statevar" in repr(v)
 
 
+@pytest.mark.usefixtures("eager_updates")
 def test_assign_restores_a_variable_deleted_outside_statevar():
     v = _donated_elsewhere()
     other = statevar.Variable(jnp.ones(4), name="other")
@@ -987,6 +1005,7 @@ def test_assign_restores_a_variable_deleted_outside_statevar():
     np.testing.assert_array_equal(other.numpy(), np.ones(4))
 
 
+@pytest.mark.usefixtures("eager_updates")
 def test_the_array_that_restores_a_deleted_variable_stays_valid_after_its_updates():
     v = _donated_elsewhere()
     source = jnp.arange(4.0) * 10  # of the variable's dtype and shape: nothing to convert
