@@ -10,6 +10,10 @@
  * `Lock` is statevar's update lock (`_state.update_lock`): a reentrant lock that the
  * updates here take without a Python call.
  *
+ * The module relies on the GIL (the lock's owner and count, the configuration): built for
+ * a free-threaded Python, importing it turns the GIL back on, as CPython does for any
+ * extension that does not declare otherwise.
+ *
  * Built as an optional extension: where it cannot be compiled, statevar uses the Python
  * update, which behaves the same.
  */
@@ -192,27 +196,57 @@ static PyTypeObject LockType = {
     .tp_methods = lock_methods,
 };
 
-/* Takes and drops the configured update lock: 0, or -1 with an exception set. */
+/* What `configure` set, held by one update from start to end: a later `configure` (tests
+ * call it) must not make it release another lock or clear another flag than it took. */
+typedef struct {
+    PyObject *lock; /* the update lock where it is a `Lock`, else NULL */
+    PyObject *acquire, *release, *flag;
+} Configuration;
+
+/* Takes the configured update lock: 0, or -1 with an exception set (nothing held then). */
 static int
-take_update_lock(void)
+take_update_lock(Configuration *held)
 {
-    if (update_lock != NULL) {
-        return lock_enter((Lock *)update_lock);
+    held->lock = Py_XNewRef(update_lock);
+    held->acquire = Py_NewRef(lock_acquire);
+    held->release = Py_NewRef(lock_release);
+    held->flag = Py_NewRef(donating_flag);
+    int taken;
+    if (held->lock != NULL) {
+        taken = lock_enter((Lock *)held->lock);
     }
-    PyObject *acquired = PyObject_CallNoArgs(lock_acquire);
-    Py_XDECREF(acquired);
-    return acquired == NULL ? -1 : 0;
+    else {
+        PyObject *acquired = PyObject_CallNoArgs(held->acquire);
+        Py_XDECREF(acquired);
+        taken = acquired == NULL ? -1 : 0;
+    }
+    if (taken < 0) {
+        Py_XDECREF(held->lock);
+        Py_DECREF(held->acquire);
+        Py_DECREF(held->release);
+        Py_DECREF(held->flag);
+    }
+    return taken;
 }
 
+/* Drops what `take_update_lock` took: 0, or -1 with an exception set. */
 static int
-drop_update_lock(void)
+drop_update_lock(Configuration *held)
 {
-    if (update_lock != NULL) {
-        return lock_exit((Lock *)update_lock);
+    int dropped;
+    if (held->lock != NULL) {
+        dropped = lock_exit((Lock *)held->lock);
     }
-    PyObject *released = PyObject_CallNoArgs(lock_release);
-    Py_XDECREF(released);
-    return released == NULL ? -1 : 0;
+    else {
+        PyObject *released = PyObject_CallNoArgs(held->release);
+        Py_XDECREF(released);
+        dropped = released == NULL ? -1 : 0;
+    }
+    Py_XDECREF(held->lock);
+    Py_DECREF(held->acquire);
+    Py_DECREF(held->release);
+    Py_DECREF(held->flag);
+    return dropped;
 }
 
 /* ------------------------------------------------------------------ the updates */
@@ -230,13 +264,13 @@ typedef struct {
 /* Whether `value` can take the hot path of update `slot` on `variable`: the conditions of
  * the Python update's hot path, read under the update lock. 1 yes, 0 no, -1 an error. */
 static int
-takes_hot_path(PyObject *variable, PyObject *value, Py_ssize_t slot)
+takes_hot_path(PyObject *variable, PyObject *value, Py_ssize_t slot, PyObject *flag)
 {
     if (array_type == NULL || Py_TYPE(value) != (PyTypeObject *)array_type) {
         return 0;
     }
     /* Not in a signal handler that interrupted a donation (see `_state.donating`). */
-    if (PyList_GET_ITEM(donating_flag, 0) != Py_False) {
+    if (PyList_GET_ITEM(flag, 0) != Py_False) {
         return 0;
     }
     int hot = -1;
@@ -278,12 +312,36 @@ done:
 }
 
 static void
-set_donating(PyObject *flag)
+set_donating(PyObject *flag_list, PyObject *flag)
 {
-    PyObject *previous = PyList_GET_ITEM(donating_flag, 0);
+    PyObject *previous = PyList_GET_ITEM(flag_list, 0);
     Py_INCREF(flag);
-    PyList_SET_ITEM(donating_flag, 0, flag);
+    PyList_SET_ITEM(flag_list, 0, flag);
     Py_DECREF(previous);
+}
+
+/* Calls the variable's `_failed_update` for the kernel's `RuntimeError` or `ValueError`
+ * (set), with that error as the exception being handled, as in the Python update's
+ * ``except`` block. */
+static PyObject *
+handle_failure(Update *update, PyObject *variable, PyObject *value, PyObject *old)
+{
+    PyObject *type, *error, *traceback;
+    PyErr_Fetch(&type, &error, &traceback);
+    PyErr_NormalizeException(&type, &error, &traceback);
+    if (traceback != NULL) {
+        PyException_SetTraceback(error, traceback);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    PyObject *handled = PyErr_GetHandledException();
+    PyErr_SetHandledException(error);
+    PyObject *result = PyObject_CallMethodObjArgs(
+        variable, str_failed_update, update->operation, value, old, error, NULL);
+    PyErr_SetHandledException(handled);
+    Py_XDECREF(handled);
+    Py_DECREF(error);
+    return result;
 }
 
 /* The references to a variable's array when nothing else holds it: the variable's own
@@ -294,51 +352,40 @@ set_donating(PyObject *flag)
  * variable holds it, else copies it, and stores the result. A new reference to the
  * variable, or NULL with an exception set. */
 static PyObject *
-run_hot(Update *update, PyObject *variable, PyObject *value, PyObject *old)
+run_hot(Update *update, PyObject *variable, PyObject *value, PyObject *old, PyObject *flag)
 {
-    /* Set before the reference count is read: a signal handler running in JAX's Python
-     * code meanwhile reads a copy (see `_state.donating`). */
-    set_donating(Py_True);
+    /* Set before the reference count is read, cleared once the result is stored or the
+     * failure handled: a signal handler running in JAX's Python code (or in
+     * `_failed_update`) meanwhile reads a copy, and its updates are refused (see
+     * `_state.donating`). */
+    set_donating(flag, Py_True);
     PyObject *kernel = Py_REFCNT(old) > SOLE_HOLDERS ? update->copying : update->donating;
     PyObject *args[2] = {old, value};
     PyObject *new = PyObject_Vectorcall(kernel, args, 2, NULL);
+    PyObject *result = NULL;
     if (new == NULL) {
-        set_donating(Py_False);
-        if (!PyErr_ExceptionMatches(PyExc_RuntimeError) &&
-            !PyErr_ExceptionMatches(PyExc_ValueError)) {
-            return NULL;
+        if (PyErr_ExceptionMatches(PyExc_RuntimeError) ||
+            PyErr_ExceptionMatches(PyExc_ValueError)) {
+            result = handle_failure(update, variable, value, old);
         }
-        PyObject *type, *error, *traceback;
-        PyErr_Fetch(&type, &error, &traceback);
-        PyErr_NormalizeException(&type, &error, &traceback);
-        if (traceback != NULL) {
-            PyException_SetTraceback(error, traceback);
-        }
-        Py_XDECREF(type);
-        Py_XDECREF(traceback);
-        PyObject *result = PyObject_CallMethodObjArgs(
-            variable, str_failed_update, update->operation, value, old, error, NULL);
-        Py_DECREF(error);
-        return result;
     }
-    int stored = PyObject_SetAttr(variable, str_value, new);
-    set_donating(Py_False);
-    int concrete = Py_TYPE(new) == (PyTypeObject *)array_type;
-    Py_DECREF(new);
-    if (stored < 0) {
-        return NULL;
-    }
-    if (!concrete) {
-        /* An outer jax.jit traced the update: put `old` back and raise. */
-        PyObject *none = PyObject_CallMethodObjArgs(
+    else if (Py_TYPE(new) != (PyTypeObject *)array_type) {
+        /* An outer jax.jit traced the update (nothing was donated): the tracer is never
+         * stored; `_refuse_traced` raises. */
+        Py_DECREF(new);
+        result = PyObject_CallMethodObjArgs(
             variable, str_refuse_traced, update->operation, old, NULL);
-        if (none == NULL) {
-            return NULL;
+        if (result != NULL) {
+            Py_SETREF(result, Py_NewRef(variable));
         }
-        Py_DECREF(none);
     }
-    Py_INCREF(variable);
-    return variable;
+    else {
+        int stored = PyObject_SetAttr(variable, str_value, new);
+        Py_DECREF(new);
+        result = stored < 0 ? NULL : Py_NewRef(variable);
+    }
+    set_donating(flag, Py_False);
+    return result;
 }
 
 static PyObject *
@@ -350,15 +397,16 @@ update_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *
         return PyObject_Vectorcall(update->python, args, nargsf, kwnames);
     }
     PyObject *variable = args[0], *value = args[1];
-    if (take_update_lock() < 0) {
+    Configuration held;
+    if (take_update_lock(&held) < 0) {
         return NULL; /* interrupted while waiting: nothing acquired */
     }
     PyObject *result = NULL;
-    int hot = takes_hot_path(variable, value, update->slot);
+    int hot = takes_hot_path(variable, value, update->slot, held.flag);
     if (hot > 0) {
         PyObject *old = PyObject_GetAttr(variable, str_value);
         if (old != NULL) {
-            result = run_hot(update, variable, value, old);
+            result = run_hot(update, variable, value, old, held.flag);
             Py_DECREF(old);
         }
     }
@@ -368,7 +416,7 @@ update_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *
     }
     PyObject *type, *error, *traceback;
     PyErr_Fetch(&type, &error, &traceback);
-    if (drop_update_lock() < 0) {
+    if (drop_update_lock(&held) < 0) {
         Py_XDECREF(result);
         Py_XDECREF(type);
         Py_XDECREF(error);

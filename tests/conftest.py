@@ -2,12 +2,19 @@
 
 import contextlib
 import gc
+import os
+import sys
 import threading
 
 import jax
 import pytest
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+if os.environ.get("STATEVAR_TEST_WITHOUT_EXTENSION"):
+    # As where the C extension could not be compiled (tests/test_hotpath.py runs the update
+    # tests so): statevar then runs its pure-Python updates and a threading.RLock.
+    sys.modules["statevar._hotpath"] = None
 
 import statevar  # noqa: E402
 
@@ -39,13 +46,17 @@ def _reset_placement_settings():
 def eager_updates(request, monkeypatch):
     """Runs a test once with each implementation of the eager updates (`assign`,
     `assign_add`, `assign_sub`): the C hot path of `statevar._hotpath`, which the test
-    install builds, and the pure-Python one, which runs where it was not built."""
+    install builds, and the pure-Python one, which runs where it was not built (with the C
+    update lock here; tests/test_hotpath.py also runs these tests without the extension)."""
     variable = statevar.Variable
     if request.param == "C":
+        if statevar._state._hotpath is None:
+            pytest.skip("this run leaves the C extension out (STATEVAR_TEST_WITHOUT_EXTENSION)")
         assert isinstance(variable.assign_add, statevar._hotpath.Update)
     else:
         for name in ("assign", "assign_add", "assign_sub"):
-            monkeypatch.setattr(variable, name, getattr(variable, name).__wrapped__)
+            method = getattr(variable, name)
+            monkeypatch.setattr(variable, name, getattr(method, "__wrapped__", method))
     return request.param
 
 

@@ -4,6 +4,7 @@ update lock. That the install built it, that statevar runs without it, and how i
 stands in for a Python method."""
 
 import inspect
+import os
 import pathlib
 import signal
 import subprocess
@@ -82,11 +83,6 @@ def test_configure_takes_a_one_item_flag_and_set_array_type_a_type():
         _hotpath.configure(_state.update_lock, [False, False], _state)
     with pytest.raises(TypeError, match=r"set_array_type: expected a type, got 3"):
         _hotpath.set_array_type(3)
-    # Neither changed what the updates use.
-    v = statevar.Variable(jnp.zeros(2))
-    for _ in range(3):
-        v.assign_add(jnp.ones(2))
-    np.testing.assert_array_equal(v.numpy(), np.full(2, 3.0))
 
 
 def test_a_warm_update_runs_in_c_and_anything_else_in_python(monkeypatch):
@@ -128,20 +124,23 @@ def test_a_lock_excludes_other_threads_until_released_as_often_as_acquired():
     lock = _hotpath.Lock()
     lock.acquire()
     lock.acquire()
-    taken = threading.Event()
+    waiting, taken = threading.Event(), threading.Event()
 
     def take():
+        waiting.set()
         with lock:
             taken.set()
 
     thread = threading.Thread(target=take)
     thread.start()
-    assert not taken.wait(0.05)  # held twice by this thread
+    assert waiting.wait(10)
+    assert not taken.wait(0.2)  # held twice by this thread
     lock.release()
-    assert not taken.wait(0.05)
+    assert not taken.wait(0.2)
     lock.release()
+    assert taken.wait(10)
     thread.join()
-    assert taken.is_set() and not lock._is_owned()
+    assert not lock._is_owned()
 
 
 def test_a_lock_refuses_a_release_it_does_not_hold_and_arguments():
@@ -150,36 +149,53 @@ def test_a_lock_refuses_a_release_it_does_not_hold_and_arguments():
         lock.release()
     held = threading.Event()
     threading.Thread(target=lambda: (lock.acquire(), held.set())).start()
-    held.wait()
+    assert held.wait(10)
     with pytest.raises(RuntimeError, match=r"cannot release un-acquired lock"):
         lock.release()  # held by the other thread
     with pytest.raises(TypeError, match=r"Lock\(\) takes no arguments"):
         _hotpath.Lock(True)
 
 
+class _Interrupted(Exception):
+    pass
+
+
 def test_a_signal_handler_raising_while_a_thread_waits_for_the_lock_ends_the_wait():
-    lock, release = _hotpath.Lock(), threading.Event()
-    held = threading.Event()
+    lock, held, release, done = (
+        _hotpath.Lock(),
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
+    armed = [True]
 
     def hold():
         with lock:
             held.set()
-            release.wait()
+            release.wait(10)  # a lock that ignored the handler would be taken then
+
+    def handler(*_):
+        if armed[0]:
+            armed[0] = False
+            raise _Interrupted
+
+    def signal_until_done():  # until the handler has run in the main thread's wait
+        while not done.wait(0.05):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 
     holder = threading.Thread(target=hold)
     holder.start()
-    held.wait()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(
-        0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)
-    )
+    assert held.wait(10)
+    previous = signal.signal(signal.SIGUSR1, handler)
+    sender = threading.Thread(target=signal_until_done)
     try:
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
+        sender.start()
+        with pytest.raises(_Interrupted):
             lock.acquire()
     finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, previous)
+        done.set()
+        sender.join()
+        signal.signal(signal.SIGUSR1, previous)
         release.set()
         holder.join()
     assert not lock._is_owned()
@@ -187,11 +203,59 @@ def test_a_signal_handler_raising_while_a_thread_waits_for_the_lock_ends_the_wai
         assert lock._is_owned()
 
 
-def test_a_lock_reset_after_fork_is_free():
-    lock = _hotpath.Lock()
-    held = threading.Event()
-    threading.Thread(target=lambda: (lock.acquire(), held.set())).start()
-    held.wait()
-    lock._at_fork_reinit()  # as in a child process, where the holding thread is gone
-    with lock:
-        assert lock._is_owned()
+def test_a_child_process_made_by_fork_finds_the_update_lock_free():
+    program = """
+import os, signal, threading
+import statevar
+from statevar import _state
+held, release = threading.Event(), threading.Event()
+def hold():
+    with _state.update_lock:
+        held.set()
+        release.wait(30)
+threading.Thread(target=hold, daemon=True).start()
+held.wait(30)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a lock still held would hang the child: killed, it fails the test
+    with _state.update_lock:
+        os._exit(0 if _state.update_lock._is_owned() else 1)
+_, status = os.waitpid(pid, 0)
+release.set()
+print(os.waitstatus_to_exitcode(status))
+"""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", program],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.stdout.strip() == "0", result.stderr
+
+
+def test_the_update_tests_pass_without_the_c_extension():
+    # As where the extension could not be compiled: the pure-Python updates with a
+    # threading.RLock (see conftest.py); the C variants skip.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-x",
+            "tests/test_update.py",
+            "tests/test_interrupts.py",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "STATEVAR_TEST_WITHOUT_EXTENSION": "1"},
+        timeout=900,
+    )
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # Every test ran but the C variants, which this run leaves out.
+    assert " passed" in summary and " skipped" in summary and " failed" not in summary, summary
