@@ -2,7 +2,7 @@
  *
  * An `Update` does what the pure-Python update of `statevar._variable.python_update` does on
  * its hot path, with the same checks, under the same lock, and otherwise calls that Python
- * update, which handles every other case. In C an update costs about half the work the
+ * update, which handles every other case. In C an update adds about half the work the
  * Python one adds to JAX's own call (benchmarks/README.md), and it needs no trick to be
  * atomic with respect to signals: Python runs signal handlers only between bytecodes, and
  * none run between the donating call's return and the store of its result.
@@ -15,7 +15,7 @@
  * extension that does not declare otherwise.
  *
  * Built as an optional extension: where it cannot be compiled, statevar uses the Python
- * update, which behaves the same.
+ * update, which gives the same results.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -117,8 +117,9 @@ lock_is_owned(Lock *lock, PyObject *unused)
     return PyBool_FromLong(lock->count > 0 && lock->owner == PyThread_get_thread_ident());
 }
 
-/* In a child process after os.fork: a fresh lock, not held (the thread that held it is
- * gone). The old one is not freed: another thread may have held it. */
+/* In a child process after os.fork: a fresh lock, free unless the thread that forked held
+ * it (that thread goes on in the child, and releases it as often as it acquired it); every
+ * other thread is gone. The old one is not freed: another thread may have held it. */
 static PyObject *
 lock_at_fork_reinit(Lock *lock, PyObject *unused)
 {
@@ -127,8 +128,13 @@ lock_at_fork_reinit(Lock *lock, PyObject *unused)
         return PyErr_NoMemory();
     }
     lock->lock = fresh;
-    lock->owner = 0;
-    lock->count = 0;
+    if (lock->count > 0 && lock->owner == PyThread_get_thread_ident()) {
+        PyThread_acquire_lock(fresh, NOWAIT_LOCK);
+    }
+    else {
+        lock->owner = 0;
+        lock->count = 0;
+    }
     Py_RETURN_NONE;
 }
 
@@ -321,8 +327,8 @@ set_donating(PyObject *flag_list, PyObject *flag)
 }
 
 /* Calls the variable's `_failed_update` for the kernel's `RuntimeError` or `ValueError`
- * (set), with that error as the exception being handled, as in the Python update's
- * ``except`` block. */
+ * (set). What it raises gets that error as its context, as Python chains an exception
+ * raised in the Python update's ``except`` block. */
 static PyObject *
 handle_failure(Update *update, PyObject *variable, PyObject *value, PyObject *old)
 {
@@ -334,12 +340,21 @@ handle_failure(Update *update, PyObject *variable, PyObject *value, PyObject *ol
     }
     Py_XDECREF(type);
     Py_XDECREF(traceback);
-    PyObject *handled = PyErr_GetHandledException();
-    PyErr_SetHandledException(error);
     PyObject *result = PyObject_CallMethodObjArgs(
         variable, str_failed_update, update->operation, value, old, error, NULL);
-    PyErr_SetHandledException(handled);
-    Py_XDECREF(handled);
+    if (result == NULL) {
+        PyObject *raised_type, *raised, *raised_traceback;
+        PyErr_Fetch(&raised_type, &raised, &raised_traceback);
+        PyErr_NormalizeException(&raised_type, &raised, &raised_traceback);
+        if (raised != error && PyExceptionInstance_Check(raised)) {
+            PyObject *context = PyException_GetContext(raised);
+            if (context == NULL) {
+                PyException_SetContext(raised, Py_NewRef(error));
+            }
+            Py_XDECREF(context);
+        }
+        PyErr_Restore(raised_type, raised, raised_traceback);
+    }
     Py_DECREF(error);
     return result;
 }
@@ -371,13 +386,17 @@ run_hot(Update *update, PyObject *variable, PyObject *value, PyObject *old, PyOb
     }
     else if (Py_TYPE(new) != (PyTypeObject *)array_type) {
         /* An outer jax.jit traced the update (nothing was donated): the tracer is never
-         * stored; `_refuse_traced` raises. */
+         * stored, and `_refuse_traced` raises (with the flag cleared, as the Python update
+         * raises after its ``finally``). */
         Py_DECREF(new);
-        result = PyObject_CallMethodObjArgs(
-            variable, str_refuse_traced, update->operation, old, NULL);
-        if (result != NULL) {
-            Py_SETREF(result, Py_NewRef(variable));
+        set_donating(flag, Py_False);
+        PyObject *none = PyObject_CallMethodObjArgs(
+            variable, str_refuse_traced, update->operation, NULL);
+        if (none == NULL) {
+            return NULL;
         }
+        Py_DECREF(none);
+        return Py_NewRef(variable);
     }
     else {
         int stored = PyObject_SetAttr(variable, str_value, new);

@@ -269,8 +269,8 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
     """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`, `ASSIGN_SUB`): its hot
     path in C (`statevar._hotpath`) where that extension was built, which calls
     `python_update` off the hot path; `python_update` itself where it was not. The two
-    behave the same; the C one costs about a third of the Python work around JAX's call
-    (benchmarks/README.md)."""
+    make the same checks and give the same results and errors; the C one adds about half
+    the work to JAX's call that the Python one adds (benchmarks/README.md)."""
     python = python_update(operation, doc)
     if _hotpath is None:
         return python
@@ -325,12 +325,17 @@ def python_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                         (old,),
                         (value,),
                     )
+                    if self._value.__class__ is not _array_type:
+                        # An outer jax.jit traced the update (nothing was donated): the old
+                        # array is put back before any signal check (attribute reads,
+                        # identity tests and stores make none), so no tracer is left stored.
+                        self._value = old
                 except (RuntimeError, ValueError) as error:
                     return self._failed_update(operation, value, old, error)
                 finally:
                     _donating[0] = False
-                if type(self._value) is not _array_type:
-                    self._refuse_traced(operation, old)
+                if self._value is old:  # put back: the update was traced
+                    self._refuse_traced(operation)
                 return self
             del old  # a reference held here would make the array look shared
             return self._update(operation, value)  # still holding the (reentrant) lock
@@ -876,18 +881,25 @@ class Variable(RefusedInPlace, Readable):
         try:
             if first:
                 self._check_operation(operation)
+            # Under an outer jax.jit the update is only traced (nothing is donated): the old
+            # array is put back before any signal check (attribute reads, identity tests
+            # and stores make none), so no tracer is left stored.
             if first and not shared:
                 with held_signals():
                     self._value = kernel(old, *operands)
+                    if self._value.__class__ is not old.__class__:
+                        self._value = old
             else:
                 # A copying call donates nothing: an exception landing in JAX's Python
                 # code leaves the variable its old array.
                 (self._value,) = _starmap(kernel, ((old, *operands),))
+                if self._value.__class__ is not old.__class__:
+                    self._value = old
         except (RuntimeError, ValueError) as error:
             self._failed_update(operation, value, old, error)
             return
-        if type(self._value) is not type(old):
-            self._refuse_traced(operation, old)
+        if self._value is old:  # put back: the update was traced
+            self._refuse_traced(operation)
         if not shared:
             # The donating call is compiled: JAX's fast path from now on.
             self._compiled.add(key)
@@ -956,10 +968,14 @@ class Variable(RefusedInPlace, Readable):
         check_not_deleted(value, f"Cannot {operation.phrase} Variable '{self.name}'")
         raise error
 
-    def _refuse_traced(self, operation: Operation, old: jax.Array) -> None:
-        """Puts ``old`` back and raises: under jax.jit an update is only traced, even with
-        concrete operands (nothing is donated then), and its tracer must not leak out."""
-        self._value = old
+    def _refuse_traced(self, operation: Operation) -> None:
+        """Raises for an update that an outer jax.jit traced, even with concrete operands
+        (nothing is donated then), once its tracer was put back or never stored: it
+        could never reach the variable.
+
+        Raises:
+          TraceContextError: naming the variable and the way out (statevar.jit).
+        """
         raise traced_update_error(self, operation)
 
     def _check_operation(self, operation: Operation) -> None:

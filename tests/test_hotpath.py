@@ -3,6 +3,7 @@ the update tests check with both implementations (the `eager_updates` fixture), 
 update lock. That the install built it, that statevar runs without it, and how its update
 stands in for a Python method."""
 
+import dataclasses
 import inspect
 import os
 import pathlib
@@ -16,21 +17,44 @@ import numpy as np
 import pytest
 
 import statevar
-from statevar import _hotpath, _state
+from statevar import _state
 from statevar._update import ASSIGN_ADD
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+_hotpath = _state._hotpath  # None in a run that leaves the extension out (see conftest.py)
+
+# The test install builds the extension: these tests fail where it is missing, but in a run
+# that leaves it out on purpose (STATEVAR_TEST_WITHOUT_EXTENSION, as
+# `test_the_update_tests_pass_without_the_c_extension` runs the update tests).
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("STATEVAR_TEST_WITHOUT_EXTENSION")),
+    reason="this run leaves the C extension out (STATEVAR_TEST_WITHOUT_EXTENSION)",
+)
 
 
 def test_the_install_built_the_c_hot_path_and_the_updates_use_it():
+    assert _hotpath is not None, "the install did not build statevar._hotpath"
     for name in ("assign", "assign_add", "assign_sub"):
         assert isinstance(getattr(statevar.Variable, name), _hotpath.Update), name
+
+
+def test_the_extension_was_built_from_the_current_source():
+    # An editable install builds it into the source tree; a failed rebuild (the extension
+    # is optional) would leave the old one in place.
+    built = pathlib.Path(_hotpath.__file__)
+    source = built.with_name("_hotpath.c")
+    if source.exists():
+        assert built.stat().st_mtime >= source.stat().st_mtime, (
+            "statevar/_hotpath.c changed since the extension was built: run "
+            "`.venv/bin/pip install -e .` again, and read its output for compiler errors"
+        )
 
 
 def test_without_the_c_extension_statevar_runs_the_python_updates():
     program = """
 import sys
 sys.modules["statevar._hotpath"] = None  # as where it could not be compiled
+import dataclasses
 import inspect
 import jax.numpy as jnp
 import statevar
@@ -122,8 +146,6 @@ def test_the_update_lock_is_the_c_lock_and_reentrant():
 
 def test_a_lock_excludes_other_threads_until_released_as_often_as_acquired():
     lock = _hotpath.Lock()
-    lock.acquire()
-    lock.acquire()
     waiting, taken = threading.Event(), threading.Event()
 
     def take():
@@ -131,15 +153,22 @@ def test_a_lock_excludes_other_threads_until_released_as_often_as_acquired():
         with lock:
             taken.set()
 
-    thread = threading.Thread(target=take)
-    thread.start()
-    assert waiting.wait(10)
-    assert not taken.wait(0.2)  # held twice by this thread
-    lock.release()
-    assert not taken.wait(0.2)
-    lock.release()
-    assert taken.wait(10)
-    thread.join()
+    lock.acquire()
+    lock.acquire()
+    held = 2
+    try:
+        threading.Thread(target=take, daemon=True).start()
+        assert waiting.wait(10)
+        assert not taken.wait(0.2)  # held twice by this thread
+        lock.release()
+        held -= 1
+        assert not taken.wait(0.2)
+        lock.release()
+        held -= 1
+        assert taken.wait(10)
+    finally:
+        for _ in range(held):
+            lock.release()
     assert not lock._is_owned()
 
 
@@ -148,7 +177,7 @@ def test_a_lock_refuses_a_release_it_does_not_hold_and_arguments():
     with pytest.raises(RuntimeError, match=r"cannot release un-acquired lock"):
         lock.release()
     held = threading.Event()
-    threading.Thread(target=lambda: (lock.acquire(), held.set())).start()
+    threading.Thread(target=lambda: (lock.acquire(), held.set()), daemon=True).start()
     assert held.wait(10)
     with pytest.raises(RuntimeError, match=r"cannot release un-acquired lock"):
         lock.release()  # held by the other thread
@@ -189,8 +218,8 @@ def test_a_signal_handler_raising_while_a_thread_waits_for_the_lock_ends_the_wai
     previous = signal.signal(signal.SIGUSR1, handler)
     sender = threading.Thread(target=signal_until_done)
     try:
-        sender.start()
         with pytest.raises(_Interrupted):
+            sender.start()  # its first signal comes 50 ms on, in the wait below
             lock.acquire()
     finally:
         done.set()
@@ -232,6 +261,44 @@ print(os.waitstatus_to_exitcode(status))
         timeout=120,
     )
     assert result.stdout.strip() == "0", result.stderr
+
+
+def test_a_lock_held_by_the_forking_thread_stays_held_by_it_in_the_child():
+    lock = _hotpath.Lock()
+    lock.acquire()
+    lock.acquire()
+    lock._at_fork_reinit()  # as in the child, where the forking thread goes on
+    assert lock._is_owned()
+    lock.release()
+    lock.release()
+    assert not lock._is_owned()
+    with pytest.raises(RuntimeError, match=r"cannot release un-acquired lock"):
+        lock.release()
+
+
+def test_an_update_keeps_the_lock_and_flag_it_took_when_configure_runs_meanwhile(monkeypatch):
+    # The update releases the lock it acquired and clears the flag it set, whatever a
+    # `configure` call made while it ran (another thread's, while JAX's call lets go of
+    # the GIL) set for later updates.
+    lock, flag = _state.update_lock, _state.donating
+    other_lock, other_flag = _hotpath.Lock(), [False]
+
+    def reconfiguring(old, value):
+        _hotpath.configure(other_lock, other_flag, _state)
+        return ASSIGN_ADD.donating(old, value)
+
+    python = statevar.Variable.assign_add.__wrapped__
+    operation = dataclasses.replace(ASSIGN_ADD, donating=reconfiguring)
+    monkeypatch.setattr(statevar.Variable, "assign_add", _hotpath.Update(operation, 1, python))
+    v = statevar.Variable(jnp.zeros(3), name="v")
+    one = jnp.ones(3)
+    v.assign_add(one)  # opens the hot path
+    try:
+        v.assign_add(one)
+    finally:
+        _hotpath.configure(lock, flag, _state)
+    assert not lock._is_owned() and flag == [False] and other_flag == [False]
+    np.testing.assert_array_equal(v.numpy(), np.full(3, 2.0))
 
 
 def test_the_update_tests_pass_without_the_c_extension():

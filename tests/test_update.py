@@ -898,6 +898,48 @@ def test_assign_under_jax_jit_raises_as_the_readme_shows():
 
 @pytest.mark.parametrize(
     "update",
+    [lambda v, one: v.assign_add(one), lambda v, one: v.assign_add(1.0)],
+    ids=["hot_path", "general_path"],
+)
+def test_an_update_traced_by_jax_jit_never_leaves_a_tracer_stored(monkeypatch, update):
+    # Not even while it raises: a Ctrl-C landing there would leave the tracer for good.
+    v = statevar.Variable(jnp.zeros(3), name="v")
+    one = jnp.ones(3)
+    v.assign_add(one)
+    v.assign_add(one)  # the hot path is open
+    held = []
+    refuse = statevar.Variable._refuse_traced
+
+    def refuse_seeing_what_is_held(self, operation):
+        held.append(self._value)
+        return refuse(self, operation)
+
+    monkeypatch.setattr(statevar.Variable, "_refuse_traced", refuse_seeing_what_is_held)
+    with pytest.raises(statevar.TraceContextError, match=r"Variable 'v' inside jax.jit"):
+        jax.jit(lambda: update(v, one))()
+    (array,) = held
+    assert not isinstance(array, jax.core.Tracer)
+    np.testing.assert_array_equal(array, np.full(3, 2.0))
+
+
+@pytest.mark.parametrize("update", ["assign_add", "assign_sub"])
+def test_an_update_of_a_deleted_array_chains_jaxs_error_as_its_context(update):
+    v = statevar.Variable(jnp.zeros(3), name="v")
+    one = jnp.ones(3)
+    getattr(v, update)(one)
+    getattr(v, update)(one)  # the hot path is open
+    v.value.delete()
+    with pytest.raises(
+        ValueError, match=r"Cannot .* Variable 'v': its array was donated"
+    ) as raised:
+        getattr(v, update)(one)
+    # As raised while handling JAX's error (shown only with the traceback's context).
+    assert isinstance(raised.value.__context__, RuntimeError | ValueError)
+    assert raised.value.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    "update",
     [
         lambda v, i: v.assign(2.0),
         lambda v, i: v.assign_sub(1.0),
