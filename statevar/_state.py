@@ -28,8 +28,10 @@ except ImportError:  # installed without its optional C extension
 # (a `threading.RLock` without timeouts, which its updates take without a Python call and
 # whose acquire and release parse no arguments), else a `threading.RLock`.
 update_lock = (_hotpath.Lock if _hotpath is not None else threading.RLock)()
-# A child process made by os.fork starts with the lock free: the thread holding it is gone.
-# (typeshed omits threading.RLock's `_at_fork_reinit`, which CPython has had since 3.9.)
+# In a child process made by os.fork, where every thread but the forking one is gone, the
+# lock is free (the C `Lock` stays held if the forking thread held it; a threading.RLock is
+# freed in any case). typeshed omits RLock's `_at_fork_reinit`, which CPython has had
+# since 3.9.
 os.register_at_fork(after_in_child=update_lock._at_fork_reinit)  # pyright: ignore[reportAttributeAccessIssue]
 
 # Whether the thread holding `update_lock` is between deciding to donate arrays (nothing
