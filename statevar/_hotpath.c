@@ -21,15 +21,14 @@
 #include <Python.h>
 #include <stddef.h>
 
-/* Set once by `configure`, from statevar._state: the update lock's bound acquire and
- * release, the one-item `donating` list, the module itself (for `hot_epoch`), and the
- * type of a concrete array (`set_array_type`: recorded when a hot path first opens, so that
- * importing statevar starts no JAX backend). */
-static PyObject *lock_acquire, *lock_release, *donating_flag, *state_module, *array_type;
-/* The update lock itself where it is a `Lock` (taken without a Python call), else NULL. */
-static PyObject *update_lock;
-/* Attribute names, interned once. */
-static PyObject *str_value, *str_aval, *str_committed, *str_hot_avals, *str_hot_epoch,
+/* Set once by `configure`, from statevar._state: the update lock (a `Lock`, taken without a
+ * Python call, or any object with acquire and release methods), the one-item `donating`
+ * list and the module itself (for `hot_epoch`); and the type of a concrete array
+ * (`set_array_type`: recorded when a hot path first opens, so that importing statevar
+ * starts no JAX backend). */
+static PyObject *update_lock, *donating_flag, *state_module, *array_type;
+/* Names, interned once. */
+static PyObject *str_acquire, *str_release, *str_value, *str_aval, *str_committed, *str_hot_avals, *str_hot_epoch,
     *str_variable_epoch, *str_donating, *str_copying, *str_failed_update, *str_refuse_traced,
     *str_doc, *str_name, *str_qualname, *str_module;
 
@@ -186,7 +185,8 @@ static PyMethodDef lock_methods[] = {
     {"_is_owned", (PyCFunction)lock_is_owned, METH_NOARGS,
      "Whether the calling thread holds the lock."},
     {"_at_fork_reinit", (PyCFunction)lock_at_fork_reinit, METH_NOARGS,
-     "Makes the lock fresh and free, in a child process after os.fork."},
+     "Makes the lock fresh, in a child process after os.fork: free unless the calling "
+     "(forking) thread held it."},
     {NULL},
 };
 
@@ -205,52 +205,41 @@ static PyTypeObject LockType = {
 /* What `configure` set, held by one update from start to end: a later `configure` (tests
  * call it) must not make it release another lock or clear another flag than it took. */
 typedef struct {
-    PyObject *lock; /* the update lock where it is a `Lock`, else NULL */
-    PyObject *acquire, *release, *flag;
+    PyObject *lock, *flag;
 } Configuration;
+
+/* Calls the lock's acquire or release: a `Lock`'s directly. 0, or -1 with an exception. */
+static int
+call_lock(PyObject *lock, int acquire)
+{
+    if (Py_IS_TYPE(lock, &LockType)) {
+        return acquire ? lock_enter((Lock *)lock) : lock_exit((Lock *)lock);
+    }
+    PyObject *done = PyObject_CallMethodNoArgs(lock, acquire ? str_acquire : str_release);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
 
 /* Takes the configured update lock: 0, or -1 with an exception set (nothing held then). */
 static int
 take_update_lock(Configuration *held)
 {
-    held->lock = Py_XNewRef(update_lock);
-    held->acquire = Py_NewRef(lock_acquire);
-    held->release = Py_NewRef(lock_release);
+    held->lock = Py_NewRef(update_lock);
     held->flag = Py_NewRef(donating_flag);
-    int taken;
-    if (held->lock != NULL) {
-        taken = lock_enter((Lock *)held->lock);
-    }
-    else {
-        PyObject *acquired = PyObject_CallNoArgs(held->acquire);
-        Py_XDECREF(acquired);
-        taken = acquired == NULL ? -1 : 0;
-    }
-    if (taken < 0) {
-        Py_XDECREF(held->lock);
-        Py_DECREF(held->acquire);
-        Py_DECREF(held->release);
+    if (call_lock(held->lock, 1) < 0) {
+        Py_DECREF(held->lock);
         Py_DECREF(held->flag);
+        return -1;
     }
-    return taken;
+    return 0;
 }
 
 /* Drops what `take_update_lock` took: 0, or -1 with an exception set. */
 static int
 drop_update_lock(Configuration *held)
 {
-    int dropped;
-    if (held->lock != NULL) {
-        dropped = lock_exit((Lock *)held->lock);
-    }
-    else {
-        PyObject *released = PyObject_CallNoArgs(held->release);
-        Py_XDECREF(released);
-        dropped = released == NULL ? -1 : 0;
-    }
-    Py_XDECREF(held->lock);
-    Py_DECREF(held->acquire);
-    Py_DECREF(held->release);
+    int dropped = call_lock(held->lock, 0);
+    Py_DECREF(held->lock);
     Py_DECREF(held->flag);
     return dropped;
 }
@@ -411,7 +400,7 @@ static PyObject *
 update_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Update *update = (Update *)callable;
-    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL || lock_acquire == NULL) {
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL || update_lock == NULL) {
         /* Keywords or a wrong count: the Python update's own signature handles them. */
         return PyObject_Vectorcall(update->python, args, nargsf, kwnames);
     }
@@ -576,15 +565,8 @@ configure(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "configure: the donating flag is a one-item list");
         return NULL;
     }
-    PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
-    PyObject *release = acquire ? PyObject_GetAttrString(lock, "release") : NULL;
-    if (release == NULL) {
-        Py_XDECREF(acquire);
-        return NULL;
-    }
-    Py_XSETREF(lock_acquire, acquire);
-    Py_XSETREF(lock_release, release);
-    Py_XSETREF(update_lock, Py_IS_TYPE(lock, &LockType) ? Py_NewRef(lock) : NULL);
+    Py_INCREF(lock);
+    Py_XSETREF(update_lock, lock);
     Py_INCREF(flag);
     Py_XSETREF(donating_flag, flag);
     Py_INCREF(state);
@@ -628,6 +610,8 @@ PyInit__hotpath(void)
         PyObject **target;
         const char *text;
     } names[] = {
+        {&str_acquire, "acquire"},
+        {&str_release, "release"},
         {&str_value, "_value"},
         {&str_aval, "aval"},
         {&str_committed, "_committed"},

@@ -493,7 +493,7 @@ def _sigusr1():
     signal.signal(signal.SIGUSR1, previous)
 
 
-@pytest.mark.usefixtures("_sigusr1", "eager_updates")
+@pytest.mark.usefixtures("_sigusr1")
 def test_a_signal_handler_reading_during_an_update_keeps_a_valid_array(monkeypatch):
     v = statevar.Variable(jnp.zeros(4), name="v")
     window = _HandlerInTheWindow(monkeypatch, lambda kept: kept.append(v.value))
