@@ -248,11 +248,14 @@ def convert(
     """
     check_not_deleted(value, action)
     source = _classify(value, action, dtype)
+    if expected_shape is not None:
+        # First, before any conversion, copy or range scan: a wrong shape is refused at
+        # once, whatever the value's size (a broadcast view of 2**40 elements holds none).
+        _check_shape(source.shape, expected_shape, action, what)
     _check_family(source, dtype, action)
+    source = _widest_jax_dtype(source, action)
     converted = _fit_integers(source, dtype, action)
     converted = _fit_floats(source, converted, dtype, action)
-    if expected_shape is not None:
-        _check_shape(source.shape, expected_shape, action, what)
     return converted, source.shape
 
 
@@ -304,7 +307,7 @@ def initial_dtype(initial_value: Any, dtype: Any, label: str) -> np.dtype:
 def _own_dtype(value: Any, label: str) -> np.dtype:
     """The dtype NumPy gives ``value`` (a Python int: int64), before JAX stores it."""
     if isinstance(value, (jax.Array, np.ndarray, np.generic)):
-        return value.dtype
+        return _EXTENDED.get(value.dtype, value.dtype)
     if type(value) in PYTHON_SCALARS:
         return np.dtype(type(value))
     described = f"{type(value).__name__} {short_repr(value)}"
@@ -375,7 +378,9 @@ def _classify(value: Any, action: str, dtype: np.dtype) -> _Source:
         return _Source(value, PYTHON_SCALARS[kind], (), PYTHON_SCALAR_DTYPES[kind])
     try:
         array = np.asarray(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError) as error:
+        if "inhomogeneous" in str(error):
+            raise _ragged_error(value, action, dtype) from None
         array = np.asarray(None)
     if array.size == 0 and array.dtype == np.float64 and not isinstance(value, np.ndarray):
         # An empty list holds no numbers; NumPy's float64 for it says nothing about them.
@@ -392,6 +397,60 @@ def _classify(value: Any, action: str, dtype: np.dtype) -> _Source:
         # Python numbers in a list are weakly typed, as in JAX.
         described = f"Python {PYTHON_SCALAR_DTYPES[_FAMILY_TYPES[source]]}s"
     return _Source(array, source, array.shape, described)
+
+
+def value_shape(value: Any, action: str, dtype: np.dtype) -> tuple[int, ...]:
+    """The shape of an update's value, as NumPy reads it.
+
+    Raises:
+      DtypeMismatchError: for a ragged sequence (rows of different lengths).
+    """
+    try:
+        return np.shape(value)
+    except ValueError as error:
+        if "inhomogeneous" in str(error):
+            raise _ragged_error(value, action, dtype) from None
+        raise
+
+
+def _ragged_error(value: Any, action: str, dtype: np.dtype) -> DtypeMismatchError:
+    return DtypeMismatchError(
+        f"{action}: expected a numeric value convertible to {dtype}, got "
+        f"{type(value).__name__} {short_repr(value)}, which is ragged (its rows have "
+        "different lengths, so it is no array)"
+    )
+
+
+# NumPy's extended-precision floats, which JAX cannot take: read as the widest it can.
+_EXTENDED = {
+    np.dtype(np.longdouble): np.dtype(np.float64),
+    np.dtype(np.clongdouble): np.dtype(np.complex128),
+}
+
+
+def _widest_jax_dtype(source: _Source, action: str) -> _Source:
+    """A host value of NumPy's extended precision (``np.longdouble``), which JAX cannot
+    take, converted to float64 (or complex128): the range checks that follow refuse what
+    the variable's dtype cannot hold.
+
+    Raises:
+      DtypeMismatchError: for a finite value beyond float64's range.
+    """
+    value = source.value
+    if not isinstance(value, (np.ndarray, np.generic)) or value.dtype not in _EXTENDED:
+        return source
+    wider = _EXTENDED[value.dtype]
+    if wider == value.dtype:  # where long double is double (Windows, some ARM)
+        return source
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = value.astype(wider)
+    lost = np.isfinite(value) & ~np.isfinite(converted)
+    if lost.any():
+        raise DtypeMismatchError(
+            f"{action}: a value of dtype {value.dtype} "
+            f"({np.asarray(value)[lost].flat[0]}) is out of range for every dtype JAX holds"
+        )
+    return _Source(converted, source.family, source.shape, source.described)
 
 
 def _check_family(source: _Source, dtype: np.dtype, action: str) -> None:

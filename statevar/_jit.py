@@ -280,6 +280,8 @@ class JitFunction:
                 arrays = originals = [v._value for v in entry.lifted]
             found = entry.trace(arrays, dynamic)
             if not found.needs_retrace:
+                # Held in refs from the start if the entry is ever compiled again.
+                entry.refs = tuple(dict.fromkeys((*entry.refs, *found.lifted_refs)))
                 return entry, arrays, originals, found
             arrays = originals = []  # so that the next entry's arrays are not seen as shared
             entry = self._retrace(key, entry, found)

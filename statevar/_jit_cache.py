@@ -52,17 +52,25 @@ class Found:
     Attributes:
       unlifted: variables the function read or assigned that the entry did not lift.
       wanted_refs: variables assigned under a nested JAX transformation (cond, scan, ...)
-        that the entry did not hold in a `jax.Ref`.
+        that the entry did not hold in a `jax.Ref` and the trace could not move into one
+        (see `_trace._lift_into_ref`).
+      lifted_refs: variables the trace moved into a `jax.Ref` as it went (no trace again).
 
     Either makes the trace a step that gives every variable back unchanged: the caller
     compiles an entry lifting them (`needs_retrace`) and runs that instead.
     """
 
-    __slots__ = ("unlifted", "wanted_refs")
+    __slots__ = ("unlifted", "wanted_refs", "lifted_refs")
 
-    def __init__(self, unlifted: tuple[Variable, ...], wanted_refs: tuple[Variable, ...]):
+    def __init__(
+        self,
+        unlifted: tuple[Variable, ...],
+        wanted_refs: tuple[Variable, ...],
+        lifted_refs: tuple[Variable, ...] = (),
+    ):
         self.unlifted = unlifted
         self.wanted_refs = wanted_refs
+        self.lifted_refs = lifted_refs
 
     @property
     def needs_retrace(self) -> bool:
@@ -180,7 +188,9 @@ def _pure_step(
         _check_result(fn, result)
         lifted_set = set(lifted)
         unlifted = (*frame.unlifted, *(v for v in frame.written if v not in lifted_set))
-        traced.found = Found(tuple(dict.fromkeys(unlifted)), tuple(frame.wanted_refs))
+        traced.found = Found(
+            tuple(dict.fromkeys(unlifted)), tuple(frame.wanted_refs), tuple(frame.lifted_refs)
+        )
         if traced.found.needs_retrace:
             # Finish this trace (raising out of it would leave JAX's caches of the nested
             # functions' traces holding its tracers) as a step that changes nothing.

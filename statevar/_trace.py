@@ -21,8 +21,9 @@ under a nested transformation stay plain values, so their compiled code is uncha
 
 from __future__ import annotations
 
-import itertools
+import sys
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -40,14 +41,77 @@ if TYPE_CHECKING:
 # eager hot path tests `_state.hot_epoch`, which it keeps off while any frame is open).
 _thread_frames = threading.local()
 
+
 # JAX caches the traces of the functions given to its transformations (a scan's body, a
-# cond's branches) by function and input types, with the values they close over. A function
-# reading variables closes over the values of the frame that traced it, so each frame traces
-# under its own value of this context, which JAX includes in those caches' keys, and takes
-# a new value at each assignment at its own level: a function traced before it read the
-# old value, and is traced again when used after it.
+# cond's branches, a nested jax.jit) by function and input types, with the values they close
+# over: a function reading a variable in such a nested trace closes over the frame's value.
+# JAX also keys those caches, and its caches of compiled operations, on the values of
+# `jax.make_user_context` contexts. Frames trace under a value of this context that they
+# share, this thread's `_Generation`, so that eager code under them (an eager
+# `statevar.grad`'s operations) finds its compiled operations again, and a dropped step
+# leaves no cache entry behind. A generation is spent while a function JAX traced under it,
+# closing over a frame's value, is alive (its cache entries live as long as it does): a
+# frame assigning at its own level then moves to a new one (a function traced before the
+# assignment, reading the old value, is traced again when used after it), and so does the
+# frame around one that closes, and every frame opened later. A function made anew for
+# each call (a lambda in the loss) is gone by then: the generation goes on.
 _frame_context = jax.make_user_context(None)
-_frame_numbers = itertools.count()
+
+
+class _Generation:
+    """One value of `_frame_context`, compared by identity (two generations never share a
+    cache entry), and the functions JAX traced under it that closed over a frame's value.
+    """
+
+    __slots__ = ("_closures", "_unknown")
+
+    def __init__(self) -> None:
+        self._closures: dict[int, weakref.ref] = {}
+        # A closure JAX traced by a function not found (or not weakly referable).
+        self._unknown = False
+
+    def record(self, functions: list[Any], traces: int) -> None:
+        """Records the functions of ``traces`` cached traces that closed over a value."""
+        if len(functions) < traces:
+            self._unknown = True
+        for function in functions:
+            if id(function) not in self._closures:
+                try:
+                    self._closures[id(function)] = weakref.ref(function)
+                except TypeError:
+                    self._unknown = True
+
+    def spent(self) -> bool:
+        """Whether a function that closed over a frame's value under it is still alive."""
+        if self._unknown:
+            return True
+        alive = {key: ref for key, ref in self._closures.items() if ref() is not None}
+        self._closures = alive
+        return bool(alive)
+
+
+def _generation() -> _Generation:
+    """This thread's current generation (see `_frame_context`): a new one once spent."""
+    generation = getattr(_thread_frames, "generation", None)
+    if generation is None or generation.spent():
+        generation = _thread_frames.generation = _Generation()
+    return generation
+
+
+def _traced_functions(frame: Frame) -> list[Any]:
+    """The functions JAX is tracing (its ``trace_to_jaxpr`` calls, whose traces it caches
+    by function) between this Python frame and the one that entered ``frame``."""
+    functions = []
+    python_frame = sys._getframe(1)
+    while python_frame is not None and python_frame is not frame._python_frame:
+        code = python_frame.f_code
+        if code.co_name == "trace_to_jaxpr" and "jax" in code.co_filename:
+            function = python_frame.f_locals.get("fun")
+            if function is not None:
+                functions.append(function)
+        python_frame = python_frame.f_back
+    return functions
+
 
 # How messages name the transformations JAX traces a function for (a trace's debug info).
 _TRANSFORMATION_NAMES = {
@@ -90,6 +154,11 @@ class Frame:
         self.written: dict[Variable, None] = {}
         self.unlifted: dict[Variable, None] = {}
         self.wanted_refs: dict[Variable, None] = {}
+        # The variables moved into refs while the frame traced (see `_lift_into_ref`).
+        self.lifted_refs: dict[Variable, None] = {}
+        # For each variable read as a plain value under a loop's trace, the ids of those
+        # loop traces (see `_lift_into_ref`).
+        self._loop_reads: dict[Variable, set[int]] = {}
         # The variables in `refs` written while the frame traced (the others keep the
         # value they were given).
         self.ref_written: dict[Variable, None] = {}
@@ -97,11 +166,15 @@ class Frame:
         self._while_reads: list[tuple[Any, Variable]] = []
         self._state: Any = None
         self._trace: Any = None
-        # The values of the frame context entered (see `_frame_context`), the latest last.
+        # The values of the frame context entered (see `_frame_context`), the latest last,
+        # and the Python frame that entered this one.
         self._contexts: list[Any] = []
+        self._generation: _Generation | None = None
+        self._python_frame: Any = None
 
     def __enter__(self) -> Frame:
-        self._new_context()
+        self._python_frame = sys._getframe(1)
+        self._enter_generation()
         self._state = get_opaque_trace_state()
         self._trace = find_top_trace(())
         _stack().append(self)
@@ -109,10 +182,15 @@ class Frame:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        _stack().pop()
-        self._trace = None
+        stack = _stack()
+        stack.pop()
+        self._trace = self._python_frame = self._generation = None
         while self._contexts:
             self._contexts.pop().__exit__(*exc_info)
+        if stack:
+            # Under a new generation if a function that closed over this frame's values is
+            # alive (see `_frame_context`).
+            stack[-1]._enter_generation()
         exit_trace_frame()
         error = exc_info[1]
         if isinstance(error, NotImplementedError) and "vmap-of-cond" in str(error) and self.refs:
@@ -127,11 +205,16 @@ class Frame:
                 "and assign jnp.where(predicate, new, old) outside the cond."
             ) from error
 
-    def _new_context(self) -> None:
-        """Enters a new value of the frame context (see `_frame_context`)."""
-        context = _frame_context(next(_frame_numbers))
+    def _enter_generation(self) -> None:
+        """Enters this thread's current generation as the frame context's value, unless it
+        is the value entered last (see `_frame_context`)."""
+        generation = _generation()
+        if generation is self._generation:
+            return
+        context = _frame_context(generation)
         context.__enter__()
         self._contexts.append(context)
+        self._generation = generation
 
 
 def _stack() -> list[Frame]:
@@ -171,6 +254,7 @@ def read(var: Variable) -> Any | None:
             ref = frame.refs.get(var)
             if ref is not None:
                 _check_ref_read(frame, var)
+                _note_closure(frame)
                 level = _read_level(frame)
                 if level is None:
                     return ref[...]
@@ -178,6 +262,8 @@ def read(var: Variable) -> Any | None:
                     return ref[...]
         value = frame.values.get(var)
         if value is not None:
+            if get_opaque_trace_state() != frame._state:
+                _note_nested_read(frame, var)
             return value
     for frame in stack:
         if frame.kind == "jit":
@@ -218,6 +304,7 @@ def write(var: Variable, value: Any, operation: str) -> None:
             ref = frame.refs.get(var)
             if ref is not None:
                 _check_nested_write(frame, var, operation, has_ref=True)
+                _note_closure(frame)
                 ref[...] = lax.stop_gradient(value)
                 frame.ref_written[var] = None
                 return
@@ -236,7 +323,10 @@ def write(var: Variable, value: Any, operation: str) -> None:
         frame.written[var] = None
         # A function JAX traced before, reading the old value, is traced again when used
         # after this (see `_frame_context`).
-        frame._new_context()
+        frame._enter_generation()
+        return
+    if _lift_into_ref(stack, var, operation):
+        write(var, value, operation)  # now into the ref
         return
     _check_nested_write(owner, var, operation, has_ref=False)
     owner.wanted_refs[var] = None
@@ -247,10 +337,97 @@ def write(var: Variable, value: Any, operation: str) -> None:
         raise NeedsRefs(var)
 
 
+def prepare_update(var: Variable, operation: str) -> None:
+    """Called by an update that reads ``var`` to compute its new value (``assign_add``,
+    ``v[i] = x``) while a frame traces, before it reads: an update under a nested
+    transformation moves ``var`` into a ref first (see `_lift_into_ref`), so that the read
+    is the ref's, exact in a loop.
+
+    Raises:
+      TraceContextError: as `write` would for the update.
+    """
+    stack = getattr(_thread_frames, "stack", None)
+    if stack:
+        _lift_into_ref(stack, var, operation)
+
+
+def _lift_into_ref(stack: list[Frame], var: Variable, operation: str) -> bool:
+    """Moves ``var`` into a `jax.Ref` made at its `statevar.jit` frame's own level from the
+    value it holds there, for a write under a nested transformation; returns whether it did.
+
+    The ref is made where the jit frame's trace stands, before the nested transformation
+    (which JAX records once its function is traced), so the step reads and writes it in
+    the order the Python runs, and the trace goes on: it is not traced again. Not when the
+    variable was read as a plain value in a loop (scan, fori_loop, while_loop) still being
+    traced: that read would not see the loop's earlier iterations; the frame traces again
+    with the ref from the start (`Frame.wanted_refs`).
+
+    Raises:
+      TraceContextError: if the write is under a transformation that cannot carry it out.
+    """
+    if get_opaque_trace_state() == stack[-1]._state:
+        return False  # at the innermost frame's own level: a plain value
+    scope = stack[_innermost_stateless(stack) :]
+    owner = scope[0]
+    if owner.kind != "jit" or var not in owner.values:
+        return False
+    for frame in scope:
+        if var in frame.refs or var in frame.differentiated:
+            return False  # `write` uses the ref, or refuses the write
+        if frame is not owner and var in frame.values:
+            return False  # an inner frame holds a newer value
+    _check_nested_write(owner, var, operation, has_ref=False)
+    loop_reads = owner._loop_reads.get(var)
+    if loop_reads and any(id(trace) in loop_reads for trace in _traces_below(owner)):
+        return False
+    with set_current_trace(owner._trace):
+        owner.refs[var] = jax.new_ref(owner.values.pop(var))
+    owner.lifted_refs[var] = None
+    return True
+
+
+def _note_nested_read(frame: Frame, var: Variable) -> None:
+    """Records a read of ``frame``'s plain value of ``var`` under a nested transformation:
+    in a loop's function (see `_lift_into_ref`) or a while loop's cond_fun (see
+    `_check_nested_write`), and as a closure JAX may cache (see `_note_closure`)."""
+    traces = _traces_below(frame)
+    for trace in traces:
+        traced_for = _traced_for(trace)
+        if traced_for == "while_cond":
+            frame._while_reads.append((getattr(trace, "parent_trace", None), var))
+        if traced_for is not None and traced_for not in _RUN_ONCE:
+            frame._loop_reads.setdefault(var, set()).add(id(trace))
+    _record_closure(frame, traces)
+
+
+# What JAX traces a function for when it runs it at most once per step (a loop's body and
+# cond_fun run many times, a custom_vjp function's may run again for its gradient).
+_RUN_ONCE = frozenset(("cond", "switch", "jit", "checkpoint / remat"))
+
+
 class NeedsRefs(Exception):
     """Stops the trace owned by a `statevar.grad` or `statevar.stateless_call` frame (one
     not inside `statevar.jit`'s) at a write under a nested transformation to a variable
     without a ref; that call traces again with refs for the frame's `Frame.wanted_refs`."""
+
+
+def _note_closure(frame: Frame) -> None:
+    """Records the functions JAX is tracing, nested between the current trace and
+    ``frame``'s, as closing over ``frame``'s value (see `_frame_context`). Differentiation
+    and batching traces are not cached."""
+    if get_opaque_trace_state() != frame._state:
+        _record_closure(frame, _traces_below(frame))
+
+
+def _record_closure(frame: Frame, traces: list[Any]) -> None:
+    cached = sum(map(_is_cached_kind, traces))
+    active = _stack()[-1]._generation  # the context value JAX keyed those traces on
+    if cached and active is not None:
+        active.record(_traced_functions(frame), cached)
+
+
+def _is_cached_kind(trace: Any) -> bool:
+    return type(trace).__name__ not in ("JVPTrace", "LinearizeTrace", "BatchTrace")
 
 
 def _innermost_stateless(stack: list[Frame]) -> int:

@@ -23,6 +23,7 @@ from ._convert import (
     is_concrete_array,
     native_byte_order,
     short_repr,
+    value_shape,
 )
 from ._errors import DtypeMismatchError, TraceContextError, interrupted_update_error
 from ._operators import RefusedInPlace
@@ -109,6 +110,28 @@ def _option(label: str, what: str, value: Any, allowed: tuple[str, ...]) -> str:
             f"{', '.join(repr(a) for a in allowed)}"
         )
     return spelled
+
+
+def _trainable_flag(label: str, trainable: Any, allow_none: bool) -> Any:
+    """Returns ``trainable`` as a Python bool (None kept where ``allow_none``).
+
+    Raises:
+      TypeError: if it is not a bool (Python's or NumPy's), or None where allowed.
+    """
+    if trainable is None and allow_none:
+        return None
+    if isinstance(trainable, (bool, np.bool_)):
+        return bool(trainable)
+    action = (
+        f"create Variable '{label}' with trainable="
+        if allow_none
+        else f"set Variable '{label}'.trainable to "
+    )
+    expected = "True, False or None" if allow_none else "True or False"
+    raise TypeError(
+        f"Cannot {action}{type(trainable).__name__} {short_repr(trainable)}: expected "
+        f"{expected} (a Python or NumPy bool)"
+    )
 
 
 def _check_on_read(variable: Variable, label: str, trainable: Any, aggregation: str) -> None:
@@ -448,6 +471,7 @@ class Variable(RefusedInPlace, Readable):
         label = name if name is not None else "Variable"
         if name is not None and not isinstance(name, str):
             raise TypeError(f"Expected the Variable's name to be a str, got {type(name).__name__}")
+        trainable = _trainable_flag(label, trainable, allow_none=True)
         synchronization = _option(label, "synchronization", synchronization, SYNCHRONIZATIONS)
         aggregation = _option(label, "aggregation", aggregation, AGGREGATIONS)
         on_read = synchronization == "on_read"
@@ -490,8 +514,9 @@ class Variable(RefusedInPlace, Readable):
 
     @trainable.setter
     def trainable(self, enabled: bool) -> None:
-        if bool(enabled) != self._trainable:
-            self._trainable = bool(enabled)
+        enabled = _trainable_flag(self.name, enabled, allow_none=False)
+        if enabled != self._trainable:
+            self._trainable = enabled
             _state.bump_compile_epoch()
 
     def reshard(self, sharding: ReshardTarget) -> Variable:
@@ -668,7 +693,10 @@ class Variable(RefusedInPlace, Readable):
             isinstance(index, (jax.Array, np.ndarray))
             and index.dtype == np.bool_
             and index.shape == self.shape
-            and np.shape(read_operand(value)) == ()
+            and value_shape(
+                read_operand(value), f"Cannot {SETITEM.phrase} Variable '{self.name}'", self.dtype
+            )
+            == ()
         ):
             # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
             value = convert_for_update(
@@ -942,6 +970,8 @@ class Variable(RefusedInPlace, Readable):
         read for donation nor replaced.
         """
         self._check_operation(operation)
+        if operation is not ASSIGN:
+            _trace.prepare_update(self, operation.phrase)
         old = _trace.read(self) if operation is not ASSIGN else None
         if old is None:
             old = self._value

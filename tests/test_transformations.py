@@ -225,19 +225,60 @@ def test_plain_jax_grad_inside_jit_stores_the_primal_value():
     assert float(step(3.0)) == 6.0 and float(seen) == 6.0
 
 
-def test_a_function_with_nested_assignments_traces_twice_then_never():
+_NESTED_ASSIGNMENTS = {
+    "cond": lambda v, x: jax.lax.cond(x > 0, lambda: _none(v.assign_add(x)), lambda: None),
+    "scan": lambda v, x: jax.lax.scan(lambda c, _: (v.assign_add(x), (c, None))[1], 0, None, 2),
+    "fori_loop": lambda v, x: jax.lax.fori_loop(0, 2, lambda i, c: _none(v.assign_add(x)), None),
+    "while_loop": lambda v, x: jax.lax.while_loop(
+        lambda i: i < 2, lambda i: (v.assign_add(x), i + 1)[1], 0
+    ),
+    "checkpoint": lambda v, x: jax.checkpoint(lambda: _none(v.assign_add(x)))(),
+    "setitem in scan": lambda v, x: jax.lax.scan(
+        lambda c, _: (v.__setitem__((), x), (c, None))[1], 0, None, 2
+    ),
+}
+_NESTED_TOTALS = {
+    "cond": 6.0,
+    "scan": 10.0,
+    "fori_loop": 10.0,
+    "while_loop": 10.0,
+    "setitem in scan": 3.0,
+}
+
+
+@pytest.mark.parametrize("where", list(_NESTED_ASSIGNMENTS))
+def test_a_step_assigning_under_a_nested_transformation_traces_once(where):
+    chex.clear_trace_counter()  # counted by the function's code, shared by the parameters
     v = statevar.Variable(0.0, name="v")
+    assign = _NESTED_ASSIGNMENTS[where]
+
+    @statevar.jit
+    @chex.assert_max_traces(n=1)
+    def step(x):
+        assign(v, x)
+
+    for x in (1.0, -1.0, 2.0, 3.0):
+        step(jnp.float32(x))
+    # As the Python runs eagerly: each loop twice, the cond for x > 0 only, the rest once;
+    # the setitem keeps the last value.
+    assert float(v) == _NESTED_TOTALS.get(where, 5.0)
+
+
+def test_a_read_in_a_loop_before_its_assignment_traces_again_with_a_ref():
+    v = statevar.Variable(1.0, name="v")
     traces = []
 
     @statevar.jit
     @_counted_with(traces)
-    def step(x):
-        jax.lax.cond(x > 0, lambda: _none(v.assign_add(x)), lambda: None)
+    def step():
+        # The read comes before the assignment in the loop's body: each iteration must
+        # read what the one before wrote.
+        jax.lax.fori_loop(0, 3, lambda i, c: _none(v.assign(v.value * 2)), None)
 
-    for x in (1.0, -1.0, 2.0, 3.0):
-        step(x)
-    assert float(v) == 6.0
-    assert len(traces) == 2  # one trace finds the nested assignment, one uses a ref
+    step()
+    step()
+    assert float(v) == 64.0  # as eagerly: 1 * 2**6
+    assert len(traces) == 2  # one trace finds the read, one holds v in a ref from the start
 
 
 def _counted_with(traces):
