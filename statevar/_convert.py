@@ -448,7 +448,8 @@ def _widest_jax_dtype(source: _Source, action: str) -> _Source:
     if lost.any():
         raise DtypeMismatchError(
             f"{action}: a value of dtype {value.dtype} "
-            f"({np.asarray(value)[lost].flat[0]}) is out of range for every dtype JAX holds"
+            f"({str(np.asarray(value)[lost].flat[0])}) is out of range for every dtype JAX "
+            "holds"
         )
     return _Source(converted, source.family, source.shape, source.described)
 

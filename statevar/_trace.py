@@ -11,12 +11,20 @@ where a plain value written would leak out of its trace. A variable written at s
 therefore lives in a `jax.Ref` made by the outermost frame from its value (for
 `statevar.jit`, from the donated argument): the refs read and write exactly as the Python
 would run step by step (an untaken branch does not write, a loop of zero steps changes
-nothing) and compile to the same donated buffers. Which variables need one is learned while
-tracing: a nested write without a ref is recorded in `Frame.wanted_refs` and dropped, and
-the frame that owns the trace traces again with refs for them (`statevar.grad` and
-`stateless_call` outside `statevar.jit`, which may be running JAX's transformations for
-real, stop at that write: `NeedsRefs`). Variables never written
-under a nested transformation stay plain values, so their compiled code is unchanged.
+nothing) and compile to the same donated buffers. A `statevar.jit` frame makes the ref
+where the first such write (or the read of an update about to write, as ``assign_add``)
+happens: at its own level, before the nested transformation, so the trace goes on and a
+step traces once (`_lift_into_ref`). Where it cannot (the variable was read as a plain value
+earlier in a loop still being traced, which would not see the loop's own writes), the
+write is recorded in `Frame.wanted_refs` and dropped, and the frame that owns the trace
+traces again with refs from the start (`statevar.grad` and `stateless_call` outside
+`statevar.jit`, which may be running JAX's transformations for real, stop at that write:
+`NeedsRefs`). Variables never written under a nested transformation stay plain values, so
+their compiled code is unchanged.
+
+Frames never defeat JAX's caches: they trace under a context value shared while it is safe
+to share (see `_frame_context`), so a warm eager `statevar.grad` compiles nothing and a
+dropped compiled step leaves nothing cached behind.
 """
 
 from __future__ import annotations

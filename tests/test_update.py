@@ -472,6 +472,41 @@ _REJECTED = {
         ValueError,
         r"Variable 'v': shape \(2, 2\) does not match the .*shape \(2,\)",
     ),
+    # Zero-byte broadcast views: the shape is refused before any conversion or range scan
+    # (converting 2**40 elements would need 4 TiB).
+    "huge_float64_view": (
+        [1.0, 2.0],
+        np.broadcast_to(np.float64(1.0), (2**40,)),
+        ValueError,
+        r"Variable 'v': shape \(1099511627776,\) does not match the .*shape \(2,\)",
+    ),
+    "huge_int64_view_into_int32": (
+        [1, 2],
+        np.broadcast_to(np.int64(2**40), (2**20, 2**20)),
+        ValueError,
+        r"Variable 'v': shape \(1048576, 1048576\) does not match the .*shape \(2,\)",
+    ),
+    "ragged_nested_list": (
+        [[1.0, 2.0], [3.0, 4.0]],
+        [[1.0, 2.0], [3.0]],
+        TypeError,
+        r"Variable 'v': expected a numeric value .* got list \[\[1.0, 2.0\], \[3.0\]\], which "
+        r"is ragged",
+    ),
+    # Where NumPy's long double is wider than float64 (x86, most ARM Linux).
+    **(
+        {
+            "longdouble_beyond_float64": (
+                [1.0, 2.0],
+                np.array([1.0, np.longdouble("1e400")], np.longdouble),
+                TypeError,
+                r"Variable 'v': a value of dtype float\d+ \(1e\+400\) is out of range for "
+                r"every dtype JAX holds",
+            ),
+        }
+        if np.dtype(np.longdouble).itemsize > 8
+        else {}
+    ),
 }
 
 
@@ -485,6 +520,42 @@ def test_rejected_update_raises_and_leaves_the_variable_bit_identical(operation,
     with pytest.raises(error, match=match):
         _UPDATES[operation](v, value)
 
+    _assert_unchanged(v, before)
+
+
+@pytest.mark.parametrize("operation", _OPERATIONS)
+def test_extended_precision_values_are_converted_as_float64_and_complex128(operation):
+    # JAX cannot take NumPy's long double: read as the widest dtype it can, then checked
+    # as any float64 value.
+    v = statevar.Variable([1.0, 2.0], name="v")
+    _UPDATES[operation](v, np.array([0.5, 0.25], np.longdouble))
+    expected = {"assign": [0.5, 0.25], "assign_add": [1.5, 2.25], "assign_sub": [0.5, 1.75]}
+    np.testing.assert_array_equal(v.value, expected.get(operation, [0.5, 0.25]))
+    z = statevar.Variable([1j, 2j], name="z")
+    _UPDATES[operation](z, np.array([1 + 1j, 2], np.clongdouble))
+    assert z.dtype == jnp.complex64
+
+
+@pytest.mark.skipif(np.dtype(np.longdouble).itemsize <= 8, reason="long double is double here")
+def test_a_variable_made_from_long_doubles_holds_jax_floats():
+    v = statevar.Variable(np.ones(2, np.longdouble), name="ld")
+    assert v.dtype == jnp.float32  # float64 as JAX stores it without x64
+
+
+def test_a_ragged_value_for_a_mask_names_the_variable():
+    v = statevar.Variable([1.0, 2.0], name="v")
+    before = _snapshot(v)
+    with pytest.raises(TypeError, match=r"Cannot set an item of Variable 'v'.*is ragged"):
+        v[np.array([True, False])] = [[1, 2], [3]]
+    _assert_unchanged(v, before)
+
+
+@pytest.mark.parametrize("index", [0, (slice(None),), np.array([True, False])])
+def test_an_item_of_a_huge_broadcast_view_is_refused_by_its_shape(index):
+    v = statevar.Variable([1.0, 2.0], name="v")
+    before = _snapshot(v)
+    with pytest.raises(ValueError, match=r"Variable 'v'.*shape \(1099511627776,\) does not"):
+        v[index] = np.broadcast_to(np.float64(1.0), (2**40,))
     _assert_unchanged(v, before)
 
 

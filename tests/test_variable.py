@@ -805,6 +805,29 @@ def test_trainable_defaults_to_true_and_can_be_changed():
     assert v.trainable is True
 
 
+def test_trainable_takes_numpy_bools_as_python_bools():
+    v = statevar.Variable(1.0, trainable=np.bool_(False))
+    assert v.trainable is False
+    v.trainable = np.bool_(True)
+    assert v.trainable is True
+
+
+@pytest.mark.parametrize(
+    "flag", ["no", 1, 0.0, jnp.array(True)], ids=["str", "int", "float", "array"]
+)
+def test_trainable_refuses_what_is_not_a_bool(flag):
+    with pytest.raises(
+        TypeError, match=r"Cannot create Variable 'w' with trainable=.*expected True"
+    ):
+        statevar.Variable(1.0, trainable=flag, name="w")
+    v = statevar.Variable(1.0, trainable=False, name="w")
+    with pytest.raises(TypeError, match=r"Cannot set Variable 'w'.trainable to .*expected True"):
+        v.trainable = flag
+    assert v.trainable is False
+    with pytest.raises(TypeError, match=r"Variable 'w'.trainable to NoneType"):
+        v.trainable = None
+
+
 # ----------------------------------------------------------------------- plain JAX transformations
 
 
