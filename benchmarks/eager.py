@@ -81,9 +81,7 @@ class MLP(statevar.Module):
             setattr(self, name, statevar.Variable(value, name=name))
 
     def loss(self, x: jax.Array, y: jax.Array) -> jax.Array:
-        return mlp_loss(
-            {"w1": self.w1, "b1": self.b1, "w2": self.w2, "b2": self.b2}, x, y
-        )
+        return mlp_loss({"w1": self.w1, "b1": self.b1, "w2": self.w2, "b2": self.b2}, x, y)
 
 
 def eager_variants() -> dict[str, Callable[[], Any]]:

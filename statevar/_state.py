@@ -16,21 +16,13 @@ from typing import Any
 
 import numpy as np
 
-try:
-    from . import _hotpath
-except ImportError:  # installed without its optional C extension
-    _hotpath = None
-
 # Guards every variable's array between reading it for an update and storing the result:
 # eager updates and reads, and `statevar.jit` calls, which read, donate and replace many
 # variables at once. One reentrant lock (rather than one per variable) keeps a compiled
-# step to a single acquire and cannot deadlock. The C extension's `Lock` where it was built
-# (a `threading.RLock` without timeouts, which its updates take without a Python call and
-# whose acquire and release parse no arguments), else a `threading.RLock`.
-update_lock = (_hotpath.Lock if _hotpath is not None else threading.RLock)()
+# step to a single acquire and cannot deadlock.
+update_lock = threading.RLock()
 # In a child process made by os.fork, where every thread but the forking one is gone, the
-# lock is free (the C `Lock` stays held if the forking thread held it; a threading.RLock is
-# freed in any case). typeshed omits RLock's `_at_fork_reinit`, which CPython has had
+# lock is free. typeshed omits RLock's `_at_fork_reinit`, which CPython has had
 # since 3.9.
 os.register_at_fork(after_in_child=update_lock._at_fork_reinit)  # pyright: ignore[reportAttributeAccessIssue]
 

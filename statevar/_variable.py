@@ -28,7 +28,6 @@ from ._convert import (
 from ._errors import DtypeMismatchError, TraceContextError, interrupted_update_error
 from ._operators import RefusedInPlace
 from ._signals import held_signals
-from ._state import _hotpath  # None where the optional C extension was not built
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK, Operation
 from ._view import Readable, index_shape, read_operand, traced_update_error, unwrap_index
 
@@ -41,8 +40,6 @@ _acquire, _release = _update_lock.acquire, _update_lock.release
 _donating = _state.donating
 _placement_settings = _state.placement_settings
 _compile_epoch = _state.compile_epoch
-if _hotpath is not None:
-    _hotpath.configure(_update_lock, _donating, _state)
 # The type of a concrete array, as the eager hot path checks it: recorded when a hot path
 # first opens (`Variable._open_hot_path`), so that importing statevar starts no JAX backend.
 _array_type: type | None = None
@@ -58,7 +55,7 @@ ReshardTarget: TypeAlias = (
 # stores a new array in it, and `statevar.jit`'s compiled step (`_jit_cache.store` on a
 # first call, `_warm_call` after) stores many variables' arrays at once, with no bytecode
 # where an exception can land between the donating call and the stores. In this module the
-# updates (`_hotpath.Update` and `python_update`, `Variable._run_kernel`), `reshard` and deep
+# updates (`_eager_update`, `Variable._run_kernel`), `reshard` and deep
 # copies store it.
 ARRAY_ATTRIBUTE = "_value"
 
@@ -289,19 +286,7 @@ def compiled_key(signature: Any, *, committed: bool) -> Any:
 
 
 def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], Variable]:
-    """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`, `ASSIGN_SUB`): its hot
-    path in C (`statevar._hotpath`) where that extension was built, which calls
-    `python_update` off the hot path; `python_update` itself where it was not. The two
-    make the same checks and give the same results and errors; the C one adds about half
-    the work to JAX's call that the Python one adds (benchmarks/README.md)."""
-    python = python_update(operation, doc)
-    if _hotpath is None:
-        return python
-    return _hotpath.Update(operation, _HOT_SLOTS[operation], python)
-
-
-def python_update(operation: Operation, doc: str) -> Callable[[Variable, Any], Variable]:
-    """Builds the pure-Python method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`,
+    """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`,
     `ASSIGN_SUB`): the eager hot path, with everything else left to `Variable._update`.
 
     One body serves the three methods, each its own function, so a call costs one Python
@@ -579,7 +564,7 @@ class Variable(RefusedInPlace, Readable):
             traced = _trace.read(self)
             if traced is not None:
                 return traced
-        try:  # rather than `with _update_lock`, which costs more; see `python_update`
+        try:  # rather than `with _update_lock`, which costs more; see `_eager_update`
             _acquire()
             value = self._value
             if _donating[0] and not value.is_deleted():
@@ -638,8 +623,8 @@ class Variable(RefusedInPlace, Readable):
 
     # ----------------------------------------------------------------- updates
 
-    # The eager updates are built by `_eager_update` (in C where the extension was built, else
-    # one Python body with no extra call): see there.
+    # The eager updates are built by `_eager_update` (one Python body with no extra call):
+    # see there.
     assign = _eager_update(
         ASSIGN,
         """Sets the variable to ``value``, in place.
@@ -871,7 +856,7 @@ class Variable(RefusedInPlace, Readable):
         Atomic with respect to exceptions raised at any bytecode: JAX's first call for new
         argument types (``signature`` not yet run) runs Python code after donating, so the
         first donating call holds the signal handlers until the result is stored; later
-        calls store the result with no check for signals in between (see `python_update`).
+        calls store the result with no check for signals in between (see `_eager_update`).
         A copying call needs neither: it donates nothing. Opens the eager hot path for the
         update once its donating call is compiled for a bare ``signature`` (an uncommitted
         array of the variable's abstract value, see `_update`).
@@ -957,8 +942,6 @@ class Variable(RefusedInPlace, Readable):
         global _array_type
         if _array_type is not type(self._value):
             _array_type = type(self._value)
-            if _hotpath is not None:
-                _hotpath.set_array_type(_array_type)
         epoch = _compile_epoch[0]
         if self._hot_epoch != epoch:
             self._hot_avals, self._hot_epoch = [None, None, None], epoch

@@ -2,19 +2,12 @@
 
 import contextlib
 import gc
-import os
-import sys
 import threading
 
 import jax
 import pytest
 
 jax.config.update("jax_num_cpu_devices", 8)
-
-if os.environ.get("STATEVAR_TEST_WITHOUT_EXTENSION"):
-    # As where the C extension could not be compiled (tests/test_hotpath.py runs the update
-    # tests so): statevar then runs its pure-Python updates and a threading.RLock.
-    sys.modules["statevar._hotpath"] = None
 
 import statevar  # noqa: E402
 
@@ -40,25 +33,6 @@ def _reset_placement_settings():
     yield
     statevar.set_soft_device_placement(True)
     statevar.set_log_device_placement(False)
-
-
-@pytest.fixture(params=["C", "Python"])
-def eager_updates(request, monkeypatch):
-    """Runs a test once with each implementation of the eager updates (`assign`,
-    `assign_add`, `assign_sub`): the C hot path of `statevar._hotpath`, which the test
-    install builds, and the pure-Python one, which runs where it was not built (with the C
-    update lock here; tests/test_hotpath.py also runs these tests without the extension)."""
-    variable = statevar.Variable
-    if request.param == "C":
-        if os.environ.get("STATEVAR_TEST_WITHOUT_EXTENSION"):
-            pytest.skip("this run leaves the C extension out (STATEVAR_TEST_WITHOUT_EXTENSION)")
-        assert statevar._state._hotpath is not None, "the install did not build the extension"
-        assert isinstance(variable.assign_add, statevar._hotpath.Update)
-    else:
-        for name in ("assign", "assign_add", "assign_sub"):
-            method = getattr(variable, name)
-            monkeypatch.setattr(variable, name, getattr(method, "__wrapped__", method))
-    return request.param
 
 
 @pytest.fixture

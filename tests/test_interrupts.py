@@ -9,9 +9,11 @@ asserted holds wherever it lands.
 
 import builtins
 import contextlib
-import dataclasses
+import pathlib
 import random
 import signal
+import subprocess
+import sys
 import threading
 
 import jax
@@ -21,7 +23,6 @@ import optax
 import pytest
 
 import statevar
-from statevar._update import ASSIGN_ADD
 
 TRIALS = 20
 
@@ -75,7 +76,6 @@ def _assert_intact(variable):
     return variable.numpy()
 
 
-@pytest.mark.usefixtures("eager_updates")
 @pytest.mark.parametrize(
     "update, step",
     [
@@ -105,7 +105,6 @@ def test_an_interrupted_eager_update_leaves_the_old_or_the_new_value(update, ste
         np.testing.assert_array_equal(v.numpy(), np.full(8, step * completed))
 
 
-@pytest.mark.usefixtures("eager_updates")
 @pytest.mark.parametrize(
     "update",
     [
@@ -264,7 +263,6 @@ def general_path(monkeypatch):
     return counted
 
 
-@pytest.mark.usefixtures("eager_updates")
 def test_the_first_donating_update_holds_signal_handlers_after_copying_ones(
     first_calls, general_path
 ):
@@ -288,7 +286,6 @@ def test_the_first_donating_update_holds_signal_handlers_after_copying_ones(
     np.testing.assert_array_equal(v.numpy(), np.full(4, 5.0))
 
 
-@pytest.mark.usefixtures("eager_updates")
 def test_a_variable_committed_by_a_compiled_step_leaves_the_eager_hot_path(
     first_calls, general_path
 ):
@@ -311,7 +308,6 @@ def test_a_variable_committed_by_a_compiled_step_leaves_the_eager_hot_path(
     np.testing.assert_array_equal(v.numpy(), np.full(2, 5.0))
 
 
-@pytest.mark.usefixtures("eager_updates")
 def test_an_update_on_the_hot_paths_terms_inside_a_compiled_step_is_traced(general_path):
     v = statevar.Variable(jnp.zeros(2), name="v")
     one = jnp.ones(2)
@@ -351,7 +347,6 @@ def _ctrl_c_on_leaving(held_signals):
     return interrupted
 
 
-@pytest.mark.usefixtures("eager_updates")
 def test_a_ctrl_c_ending_an_update_that_commits_the_variable_closes_the_hot_path(
     monkeypatch, general_path
 ):
@@ -393,7 +388,6 @@ def test_a_ctrl_c_ending_a_first_call_that_commits_a_variable_closes_its_hot_pat
     np.testing.assert_array_equal(v.numpy(), np.full(4, 4.0))
 
 
-@pytest.mark.usefixtures("eager_updates")
 def test_an_interrupted_reshard_leaves_the_variable_where_it_was(monkeypatch):
     v, one = _on_the_hot_path("assign_add")
     home = v.device
@@ -453,34 +447,9 @@ def _paths(v):
         update()
         update()  # warm: the hot path is open, the step compiled
     (entry,) = step.jit_function._cache.entries.values()
-    method = statevar.Variable.assign_add
-    python = getattr(method, "__wrapped__", method)  # C, or Python (`eager_updates`)
-
-    def eager(method):
-        def update():
-            statevar.Variable.assign_add = method
-            try:
-                v.assign_add(one)
-            finally:
-                statevar.Variable.assign_add = original
-
-        return update
-
-    original = statevar.Variable.__dict__["assign_add"]
-    paths = []
-    if statevar._state._hotpath is not None:
-        # In C, a signal handler can run only in Python code that the donating call runs
-        # (JAX's own, off its fast path): a donating kernel reached through a name that a
-        # test wraps.
-        kernels = {"donating": ASSIGN_ADD.donating}
-        through_kernels = dataclasses.replace(
-            ASSIGN_ADD, donating=lambda *args: kernels["donating"](*args)
-        )
-        in_c = statevar._hotpath.Update(through_kernels, 1, python)
-        paths.append(("eager hot path in C", eager(in_c), kernels, "donating"))
     variable_globals = vars(statevar._variable)
-    return paths + [
-        ("eager hot path in Python", eager(python), variable_globals, "map"),
+    return [
+        ("eager hot path", lambda: v.assign_add(one), variable_globals, "map"),
         ("eager general path", lambda: v.assign_add(1.0), variable_globals, "_starmap"),
         ("compiled step", step, entry.call.__globals__, "_sum"),
     ]
@@ -529,7 +498,7 @@ def test_a_signal_handler_updating_during_an_update_is_refused_and_changes_nothi
         np.testing.assert_array_equal(v.numpy(), before + 1, err_msg=name)
 
 
-@pytest.mark.usefixtures("_sigusr1", "eager_updates")
+@pytest.mark.usefixtures("_sigusr1")
 def test_a_signal_handler_updating_while_an_assign_restores_a_lost_array_is_refused(
     monkeypatch,
 ):
@@ -558,10 +527,7 @@ def _record(errors, update):
 
 @pytest.mark.usefixtures("_sigusr1")
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "first call"])
-@pytest.mark.parametrize("path", ["eager hot path in C", "eager hot path in Python"])
-def test_a_signal_handler_calling_a_compiled_step_during_an_update_is_refused(
-    monkeypatch, warm, path
-):
+def test_a_signal_handler_calling_a_compiled_step_during_an_update_is_refused(monkeypatch, warm):
     v = statevar.Variable(jnp.zeros(4), name="v")
     w = statevar.Variable(jnp.zeros(4), name="w")
 
@@ -573,9 +539,7 @@ def test_a_signal_handler_calling_a_compiled_step_during_an_update_is_refused(
         bump_w()
     window = _HandlerInTheWindow(monkeypatch, lambda kept: bump_w())
     paths = {name: entry for name, *entry in _paths(v)}
-    if path not in paths:
-        pytest.skip("this run leaves the C extension out (STATEVAR_TEST_WITHOUT_EXTENSION)")
-    update, namespace, wrapped = paths[path]
+    update, namespace, wrapped = paths["eager hot path"]
     window.arm(namespace, wrapped)
     with pytest.raises(
         statevar.StatevarError,
@@ -632,3 +596,34 @@ def _signalled(fn):
         return fn(*args)
 
     return call_then_signal
+
+
+def test_a_child_process_made_by_fork_finds_the_update_lock_free():
+    program = """
+import os, signal, threading
+import statevar
+from statevar import _state
+held, release = threading.Event(), threading.Event()
+def hold():
+    with _state.update_lock:
+        held.set()
+        release.wait(30)
+threading.Thread(target=hold, daemon=True).start()
+held.wait(30)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a lock still held would hang the child: killed, it fails the test
+    with _state.update_lock:
+        os._exit(0 if _state.update_lock._is_owned() else 1)
+_, status = os.waitpid(pid, 0)
+release.set()
+print(os.waitstatus_to_exitcode(status))
+"""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", program],
+        capture_output=True,
+        text=True,
+        cwd=pathlib.Path(__file__).resolve().parent.parent,
+        timeout=120,
+    )
+    assert result.stdout.strip() == "0", result.stderr

@@ -5,7 +5,6 @@ import copy
 import logging
 import re
 import threading
-import types
 
 import chex
 import jax
@@ -369,9 +368,9 @@ def test_a_step_that_commits_what_it_computes_runs_its_next_call_as_a_first_call
 
 
 @pytest.fixture
-def acquire_hook(eager_updates, monkeypatch):
-    """Sets a function that the eager updates (C or Python: `eager_updates`) call just
-    before they take the update lock."""
+def acquire_hook(monkeypatch):
+    """Sets a function that the eager updates call just before they take the update
+    lock."""
     lock, hooks = statevar._state.update_lock, []
 
     def acquire(*args):
@@ -379,15 +378,8 @@ def acquire_hook(eager_updates, monkeypatch):
             hook()
         return lock.acquire(*args)
 
-    if eager_updates == "C":
-        hooked = types.SimpleNamespace(acquire=acquire, release=lock.release)
-        configure = statevar._hotpath.configure
-        configure(hooked, statevar._state.donating, statevar._state)
-        yield hooks.append
-        configure(lock, statevar._state.donating, statevar._state)
-    else:
-        monkeypatch.setattr(statevar._variable, "_acquire", acquire)
-        yield hooks.append
+    monkeypatch.setattr(statevar._variable, "_acquire", acquire)
+    yield hooks.append
 
 
 def test_an_update_checks_the_variable_under_the_lock(first_calls, acquire_hook):

@@ -1006,7 +1006,6 @@ def _donated_elsewhere():
     return v
 
 
-@pytest.mark.usefixtures("eager_updates")
 def test_reading_a_variable_donated_outside_statevar_names_it_and_says_how_to_restore():
     v = _donated_elsewhere()
     for read in (lambda: v.value, lambda: v.numpy(), lambda: v + 1, lambda: float(v[0])):
@@ -1015,7 +1014,6 @@ def test_reading_a_variable_donated_outside_statevar_names_it_and_says_how_to_re
     assert "deleted outside statevar" in repr(v)
 
 
-@pytest.mark.usefixtures("eager_updates")
 def test_assign_restores_a_variable_deleted_outside_statevar():
     v = _donated_elsewhere()
     other = statevar.Variable(jnp.ones(4), name="other")
@@ -1028,7 +1026,6 @@ def test_assign_restores_a_variable_deleted_outside_statevar():
     np.testing.assert_array_equal(other.numpy(), np.ones(4))
 
 
-@pytest.mark.usefixtures("eager_updates")
 def test_the_array_that_restores_a_deleted_variable_stays_valid_after_its_updates():
     v = _donated_elsewhere()
     source = jnp.arange(4.0) * 10  # of the variable's dtype and shape: nothing to convert
