@@ -49,10 +49,9 @@ from ._manifest import (
 )
 from ._matching import match_checkpoint
 from ._module import Module
-from ._optim import legacy_names
 from ._placement import put
 from ._signals import held_signals
-from ._tree import has_named_variables, iter_variables, named_targets, target_error
+from ._tree import has_named_variables, named_targets
 from ._variable import Variable
 
 # What a save into a plain directory may leave behind when it is killed: unreferenced data
@@ -81,20 +80,13 @@ def _orbax() -> Any:
 # --------------------------------------------------------------------------- targets
 
 
-def _named_variables(target: Any, legacy: bool = False) -> dict[str, Variable]:
+def _named_variables(target: Any) -> dict[str, Variable]:
     """Returns the target's variables by checkpoint key (see `named_targets`): dict keys
     namespace what they hold, lists and tuples add nothing.
 
-    With ``legacy``, the keys of checkpoints of manifest version 1: no container added
-    anything, an Optimizer's state variables were ``optimizer/0``, ``optimizer/1``, ... and
-    its ``iterations`` did not exist (it is left out).
-
     Warns of an Optimizer a Module holds and the target leaves out.
     """
-    if legacy:
-        found = _legacy_targets(target)
-    else:
-        found = named_targets(target, "the checkpoint target")
+    found = named_targets(target, "the checkpoint target")
     named: dict[str, Variable] = {}
     where: dict[str, str] = {}
     key_of: dict[int, str] = {}
@@ -113,8 +105,7 @@ def _named_variables(target: Any, legacy: bool = False) -> dict[str, Variable]:
                 f"(at {where[first]}) and {key!r} (at {path}); include it once"
             )
         named[key], where[key], key_of[id(variable)] = variable, path, key
-    if not legacy:
-        _warn_of_optimizers_left_out(target, set(map(id, named.values())))
+    _warn_of_optimizers_left_out(target, set(map(id, named.values())))
     return named
 
 
@@ -150,35 +141,6 @@ def _warn_of_optimizers_left_out(target: Any, included: set[int]) -> None:
         elif isinstance(obj, (list, tuple, dict)):  # the target's own containers
             values = obj.values() if isinstance(obj, dict) else obj
             pending += [(value, "") for value in values]
-
-
-def _legacy_targets(target: Any) -> list[tuple[str, Variable, str]]:
-    """`named_targets` as statevar named variables in checkpoints of manifest version 1."""
-    renamed, counters = legacy_names()
-    found: list[tuple[str, Variable, str]] = []
-    _visit_legacy(target, "", renamed, counters, found)
-    return found
-
-
-def _visit_legacy(obj: Any, path: str, renamed: dict, counters: Any, found: list) -> None:
-    """Adds ``obj``'s variables to ``found`` for `_legacy_targets` (a function of the module:
-    a recursive closure would be a reference cycle)."""
-    if isinstance(obj, Variable):
-        if id(obj) not in counters:  # an Optimizer's iterations: not in those checkpoints
-            name = obj._name if obj._name is not None else "Variable"
-            found.append((renamed.get(id(obj), name), obj, path or "the top level"))
-    elif isinstance(obj, Module):
-        for key, variable in obj.named_variables().items():
-            found.append((key, variable, f"{path or type(obj).__name__}/{key}"))
-    elif hasattr(type(obj), "_statevar_named_variables"):
-        for key, variable in obj._statevar_named_variables()[1].items():
-            _visit_legacy(variable, f"{path or type(obj).__name__}/{key}", renamed, counters, found)
-    elif isinstance(obj, (list, tuple, dict)):
-        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-        for key, item in items:
-            _visit_legacy(item, f"{path}[{key!r}]", renamed, counters, found)
-    else:
-        raise target_error(obj, "the checkpoint target", path or "the top level")
 
 
 # --------------------------------------------------------------------------- save
@@ -484,23 +446,11 @@ def _read_restored(
     value, placed."""
     variables = _named_variables(target)
     manifest = _read_manifest(checkpoint, shown)
-    legacy = manifest["version"] == 1
-    left_out: list[str] = []
-    if legacy:
-        variables = _named_variables(target, legacy=True)
-        counters = legacy_names()[1]
-        left_out = [
-            name
-            for name, variable in iter_variables(target, "the checkpoint target")
-            if id(variable) in counters
-        ]
     entries = {entry["name"]: entry for entry in manifest["variables"]}
     match = match_checkpoint(
         {name: (entry["shape"], entry["dtype"]) for name, entry in entries.items()},
         {name: (variable.shape, variable.dtype) for name, variable in variables.items()},
         partial=partial,
-        legacy=legacy,
-        left_out=left_out,
     )
     if match.is_refused:
         raise CheckpointMismatchError(match.refusal(shown))
@@ -528,9 +478,6 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
 
     What was restored is logged on the ``"statevar"`` logger: at level INFO, or WARNING
     when ``partial=True`` left target variables unchanged or checkpoint variables unused.
-    Checkpoints written by earlier statevar versions (manifest version 1, whose names had no
-    dict keys and numbered an Optimizer's state ``optimizer/0``, ``optimizer/1``, ...) are
-    matched by those names; save again to convert them.
 
     Args:
       directory: a directory written by `save`, or one step directory of a

@@ -30,7 +30,7 @@ STEP_ITEM = "state"
 _FORMAT = "statevar.checkpoint"
 _VERSION = 2
 # Version 1 named variables without dict keys and numbered optimizer state; still read.
-_READABLE_VERSIONS = (1, 2)
+_READABLE_VERSIONS = (2,)
 _DATA_NAME = re.compile(r"^data-[0-9a-f]{32}$")
 
 
@@ -154,8 +154,7 @@ def _manifest_problem(manifest: Any) -> str | None:
     if body.get("format") != _FORMAT or body.get("version") not in _READABLE_VERSIONS:
         return (
             f"its manifest has format {body.get('format')!r} version {body.get('version')!r}; "
-            f"this statevar reads {_FORMAT!r} versions "
-            + " and ".join(map(str, _READABLE_VERSIONS))
+            f"this statevar reads {_FORMAT!r} version " + " and ".join(map(str, _READABLE_VERSIONS))
         )
     data, entries, files = body.get("data"), body.get("variables"), body.get("files")
     if data is not None and not (data == STEP_ITEM or _DATA_NAME.match(str(data))):

@@ -17,14 +17,6 @@ from typing import Any
 # A variable's signature in a checkpoint or in a target: its shape and its dtype.
 Signature = tuple[Sequence[int], Any]
 
-_LEGACY_HINT = (
-    "\nThis checkpoint was written by an earlier statevar (manifest version 1), "
-    "whose names did not include dict keys and numbered optimizer state "
-    "optimizer/0, optimizer/1, ...; statevar matched it by those names. To convert "
-    "it, restore what matches (partial=True, or the model without the optimizer) "
-    "and save again, which writes the current names."
-)
-
 
 def describe(shape: Iterable[int], dtype: Any) -> str:
     """A shape and dtype as a checkpoint message shows them: ``float32[2,3]``."""
@@ -42,9 +34,6 @@ class CheckpointMatch:
       differing: the common names whose shape or dtype differs, each rendered as
         ``'name' (checkpoint float32[2], variable float32[3])``.
       partial: whether the restore asked for only the names both have.
-      legacy: whether the checkpoint is of manifest version 1 (names without dict keys).
-      left_out: target names that checkpoints of the legacy format cannot hold (an
-        Optimizer's ``iterations``); reported as untouched, never a mismatch.
     """
 
     common: list[str]
@@ -52,8 +41,6 @@ class CheckpointMatch:
     unexpected: list[str]
     differing: list[str]
     partial: bool
-    legacy: bool = False
-    left_out: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def is_refused(self) -> bool:
@@ -70,9 +57,7 @@ class CheckpointMatch:
     @property
     def untouched(self) -> list[str]:
         """The target's names a restore leaves as they were."""
-        return self.missing + [
-            f"{name} (not in checkpoints of manifest version 1)" for name in self.left_out
-        ]
+        return self.missing
 
     def refusal(self, shown: str) -> str:
         """The message of the `CheckpointMismatchError` that refuses this match."""
@@ -93,8 +78,6 @@ class CheckpointMatch:
         hint = ""
         if not self.partial and not self.differing and self.common:
             hint = "\nPass partial=True to restore only the names both have."
-        if self.legacy:
-            hint += _LEGACY_HINT
         return (
             f"Cannot restore from checkpoint {shown!r}: it does not match the target's "
             "variables, so no variable was changed.\n  " + "\n  ".join(problems) + hint
@@ -119,8 +102,6 @@ def match_checkpoint(
     wanted: Mapping[str, Signature],
     *,
     partial: bool,
-    legacy: bool = False,
-    left_out: Sequence[str] = (),
 ) -> CheckpointMatch:
     """Matches a checkpoint's variables to a target's by name.
 
@@ -128,8 +109,6 @@ def match_checkpoint(
       stored: the checkpoint's variables, name -> (shape, dtype), in the manifest's order.
       wanted: the target's variables, name -> (shape, dtype), in the target's order.
       partial: whether names on one side only are allowed.
-      legacy: whether the checkpoint is of manifest version 1.
-      left_out: target names the legacy format cannot hold, reported as untouched.
 
     Returns:
       A `CheckpointMatch`; nothing is read or changed.
@@ -153,6 +132,4 @@ def match_checkpoint(
         unexpected=[name for name in stored if name not in wanted],
         differing=differing,
         partial=partial,
-        legacy=legacy,
-        left_out=list(left_out),
     )

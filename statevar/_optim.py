@@ -17,9 +17,8 @@ from jax.core import Tracer
 
 from . import _trace
 from ._jit import jit
-from ._optimizer_state import legacy_order, state_layout, state_names, unique
+from ._optimizer_state import state_layout, state_names, unique
 from ._placement import is_multi_device, replicated
-from ._state import live_optimizers
 from ._tree import (
     Node,
     Structure,
@@ -77,19 +76,6 @@ def _static_args(hyperparameters: dict[str, Any]) -> tuple[str, ...]:
         for name, value in hyperparameters.items()
         if callable(value) and (isinstance(value, type) or name.endswith("mask"))
     )
-
-
-def legacy_names() -> tuple[dict[int, str], set[int]]:
-    """Returns the names that the state variables of every live Optimizer had before state
-    variables were named after their parameters (``optimizer/0``, ``optimizer/1``, ...,
-    in the order of the optax state's leaves), by ``id`` of the variable, which checkpoints
-    written then use; and the ids of the Optimizers' `iterations`, which did not exist."""
-    names: dict[int, str] = {}
-    counters: set[int] = set()
-    for optimizer in list(live_optimizers):
-        names.update(zip(map(id, optimizer._state), optimizer._legacy_names, strict=False))
-        counters.add(id(optimizer._iterations))
-    return names, counters
 
 
 class Optimizer:
@@ -159,7 +145,6 @@ class Optimizer:
         self._state_owners: tuple[int | None, ...] = ()
         self._state_key_impls: tuple[Any, ...] = ()
         self._learning_rate: tuple[Variable | None, bool] = (None, False)
-        self._legacy_names: tuple[str, ...] = ()
         self._full_structure: Any = None
         self._sequence_type: type | None = None
         self._shapes: list[tuple[int, ...]] = []
@@ -169,7 +154,6 @@ class Optimizer:
         self._module: tuple[weakref.ref[Node], Structure] | None = None
         # The variables `apply` has warned about getting no gradient for.
         self._warned_no_gradient: set[Variable] = set()
-        live_optimizers.add(self)
         self._compiled_apply = jit(self._apply_traced)
         # Placement errors name the Optimizer, not its inner function.
         cast(
@@ -239,8 +223,6 @@ class Optimizer:
         if home is not None and self._iterations.sharding.device_set != home.device_set:
             self._iterations.reshard(home)
         self._learning_rate = self._find_learning_rate(layout)
-        order = legacy_order(self._tx, values, self._param_names)
-        self._legacy_names = tuple(f"{self._name}/{position}" for position in order or ())
         # The structure of gradients with every optimized variable's slot filled: `apply`
         # checks such gradients in one pass. None when a variable occurs twice.
         params = set(self._params)
@@ -614,7 +596,6 @@ class Optimizer:
         module = self._module[0]() if self._module is not None else None
         if module is not None and id(module) in memo:
             duplicate._watch(memo[id(module)])
-        live_optimizers.add(duplicate)
         return duplicate
 
     def __repr__(self) -> str:

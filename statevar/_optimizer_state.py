@@ -3,15 +3,12 @@
 optax builds per-parameter state (Adam's moments, say) with ``tree_map`` over the
 parameters, which the Optimizer passes as a dict keyed by their names: each state leaf
 under such a dict belongs to one parameter, and is named after it
-(``mu/layers/0/kernel``). Before state variables were named so, they were numbered in the
-order of the leaves of the state of a list of the parameters; `legacy_order` maps one
-layout to the other, so that checkpoints written then still restore.
+(``mu/layers/0/kernel``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 
@@ -94,48 +91,3 @@ def state_names(layout: list[tuple[tuple, str | None, tuple]]) -> list[str]:
     if len(set(names)) != len(names) or "iterations" in names:
         names = [f"state/{i}" for i in range(len(layout))]
     return names
-
-
-Owner = TypeVar("Owner", bound=Hashable)
-
-
-def _canonical(
-    layout: Sequence[tuple[tuple, Owner | None, tuple]], index: dict[Owner, int]
-) -> list[tuple[str, int | None, str]]:
-    return [
-        (jax.tree_util.keystr(outer), None if owner is None else index[owner], str(inner))
-        for outer, owner, inner in layout
-    ]
-
-
-def legacy_order(tx: Any, params: list[jax.Array], names: tuple[str, ...]) -> list[int] | None:
-    """Returns, for each state leaf of ``tx.init({name: param})``, its position among the
-    leaves of ``tx.init([param, ...])``, the state's layout before state variables were
-    named; None if the two do not correspond leaf for leaf."""
-    try:
-        old = jax.eval_shape(tx.init, list(params))
-        new = jax.eval_shape(tx.init, dict(zip(names, params, strict=True)))
-    except Exception:  # an optax state that cannot be built abstractly: no legacy names
-        return None
-    count = len(params)
-
-    def old_layout() -> list[tuple[tuple, int | None, tuple]]:
-        def is_list(x: Any) -> bool:
-            return count > 0 and isinstance(x, list) and len(x) == count
-
-        leaves = []
-        for path, node in jax.tree_util.tree_flatten_with_path(old, is_leaf=is_list)[0]:
-            if is_list(node):
-                for i, item in enumerate(node):
-                    for inner, _ in jax.tree_util.tree_flatten_with_path(item)[0]:
-                        leaves.append((tuple(path), i, tuple(inner)))
-            else:
-                leaves.append((tuple(path), None, ()))
-        return leaves
-
-    before = _canonical(old_layout(), {i: i for i in range(count)})
-    after = _canonical(state_layout(new, names), {name: i for i, name in enumerate(names)})
-    position = {leaf: i for i, leaf in enumerate(before)}
-    if len(position) != len(before) or sorted(before) != sorted(after):
-        return None
-    return [position[leaf] for leaf in after]

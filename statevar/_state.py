@@ -86,9 +86,6 @@ placement_settings = PlacementSettings()
 # closure discovery can follow them into the function each compiles.
 compiled_functions: weakref.WeakSet[Any] = weakref.WeakSet()
 
-# Every live Optimizer, to find the names its state variables had in older checkpoints.
-live_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-
 # One lock per checkpoint directory (resolved path) that this process saves into or
 # restores from (see `_checkpoint.directory_lock`): a save deletes what it did not write
 # (data of replaced checkpoints, what interrupted saves left), so two threads saving into

@@ -529,7 +529,7 @@ def test_a_damaged_manifest_is_detected(tmp_path, damage, message):
     [
         (
             lambda m: m.update(version=3),
-            "version 3; this statevar reads 'statevar.checkpoint' versions 1 and 2",
+            "version 3; this statevar reads 'statevar.checkpoint' version 2",
         ),
         (lambda m: m.update(data="../elsewhere"), "invalid data directory '../elsewhere'"),
         (lambda m: m.update(data=None), "stored data but no data directory"),

@@ -31,15 +31,10 @@ def test_a_match_keeps_the_targets_order_and_renders_its_messages():
         {"old": F2, "b": F2, "a": F2},
         {"a": F2, "b": F2, "new": F2},
         partial=True,
-        legacy=True,
-        left_out=["optimizer/iterations"],
     )
     assert (match.common, match.missing, match.unexpected) == (["a", "b"], ["new"], ["old"])
-    assert match.untouched == [
-        "new",
-        "optimizer/iterations (not in checkpoints of manifest version 1)",
-    ]
+    assert match.untouched == ["new"]
     level, message = match.report("ckpt")
     assert level == logging.WARNING
-    assert message.startswith("Restored 2 of the target's 4 variables from checkpoint 'ckpt'.")
-    assert "manifest version 1" in match.refusal("ckpt")
+    assert message.startswith("Restored 2 of the target's 3 variables from checkpoint 'ckpt'.")
+    assert "Left unchanged (not in the checkpoint): new." in message

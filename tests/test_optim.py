@@ -2,7 +2,6 @@
 
 import copy
 import json
-import logging
 
 import chex
 import jax
@@ -791,70 +790,6 @@ def test_an_optimizer_is_a_checkpoint_target(tmp_path):
         statevar.restore(tmp_path / directory, target(fresh, fresh_opt))
         restored = [v.numpy() for v in (*fresh.variables, *fresh_opt.state_variables)]
         chex.assert_trees_all_equal(restored, saved)
-
-
-def _legacy_checkpoint(directory, steps):
-    """Writes the checkpoint statevar wrote before state variables were named after their
-    parameters: the optax state of a list of the parameters (a Module's in the order of its
-    sorted names), by position, manifest version 1."""
-    tx = optax.adam(0.1)
-    params = [jnp.array([0.1, -0.1]), jnp.array([[1.0, -2.0], [0.5, 3.0]])]  # bias, kernel
-    state = tx.init(params)
-    for _ in range(steps):
-        grads = jax.grad(lambda p: jnp.sum((X @ p[1] + p[0]) ** 2))(params)
-        updates, state = tx.update(grads, state, params)
-        params = optax.apply_updates(params, updates)
-    named = [statevar.Variable(p, name=n) for p, n in zip(params, ["bias", "kernel"], strict=True)]
-    named.append(statevar.Variable(steps, name="steps"))
-    named += [
-        statevar.Variable(leaf, name=f"optimizer/{i}", trainable=False)
-        for i, leaf in enumerate(jax.tree.leaves(state))
-    ]
-    statevar.save(directory, named)
-    path = directory / "statevar_checkpoint.json"
-    manifest = json.loads(path.read_text())
-    manifest.pop("sha256")
-    manifest["version"] = 1
-    manifest["sha256"] = statevar._manifest.manifest_digest(manifest)
-    path.write_text(json.dumps(manifest))
-    return params, state
-
-
-@pytest.mark.parametrize("as_optimizer", [True, False], ids=["optimizer", "state_variables"])
-def test_a_checkpoint_with_numbered_optimizer_state_still_restores(tmp_path, caplog, as_optimizer):
-    params, state = _legacy_checkpoint(tmp_path, steps=2)
-    model = Linear()
-    opt = statevar.Optimizer(optax.adam(0.1), model)
-    target = [model, opt if as_optimizer else opt.state_variables]
-
-    with caplog.at_level(logging.WARNING, logger="statevar"):
-        result = statevar.restore(tmp_path, target)
-
-    # Matched by the checkpoint's own names.
-    assert result.restored == ["kernel", "bias", "steps", *(f"optimizer/{i}" for i in range(5))]
-    assert result.untouched == ["optimizer/iterations (not in checkpoints of manifest version 1)"]
-    assert "optimizer/iterations" in caplog.text
-    by_name = {v.name: v.value for v in opt.state_variables}
-    chex.assert_trees_all_equal(by_name["optimizer/mu/kernel"], state[0].mu[1])
-    chex.assert_trees_all_equal(by_name["optimizer/nu/bias"], state[0].nu[0])
-    chex.assert_trees_all_equal(model.kernel.value, params[1])
-    # Training on gives what uninterrupted pure optax gives; saving again converts it.
-    opt.apply(statevar.grad(lambda: jnp.sum(model(X) ** 2), model)())
-    chex.assert_trees_all_close(model.kernel.value, _pure_adam(3)["kernel"], rtol=1e-5)
-    statevar.save(tmp_path / "converted", [model, opt])
-    assert "optimizer/mu/kernel" in statevar.restore(tmp_path / "converted", [model, opt]).restored
-
-
-def test_a_numbered_checkpoint_that_does_not_match_says_how_to_convert(tmp_path):
-    _legacy_checkpoint(tmp_path, steps=1)
-    model = Linear()
-    opt = statevar.Optimizer(optax.sgd(0.1, momentum=0.9), model)  # another state layout
-    with pytest.raises(
-        statevar.CheckpointMismatchError,
-        match=r"(?s)earlier statevar \(manifest version 1\).*optimizer/0.*save again",
-    ):
-        statevar.restore(tmp_path, [model, opt])
-    assert float(model.kernel[0, 0]) == 1.0
 
 
 @pytest.mark.parametrize("copied", [False, True], ids=["optimizer", "its deep copy"])
