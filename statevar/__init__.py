@@ -1,5 +1,6 @@
 """statevar: mutable, TensorFlow-style variables on JAX, updated in place."""
 
+from ._caches import clear_caches as clear_caches
 from ._checkpoint import RestoreResult as RestoreResult
 from ._checkpoint import restore as restore
 from ._checkpoint import save as save
@@ -49,6 +50,7 @@ __all__ = [
     "StatevarError",
     "TraceContextError",
     "Variable",
+    "clear_caches",
     "device",
     "grad",
     "jit",

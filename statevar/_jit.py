@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, cast, overload
 import jax
 import numpy as np
 
-from . import _placement, _state, _trace, _variable
+from . import _caches, _placement, _state, _trace, _variable
 from ._closure import closure_variables
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError, interrupted_update_error
@@ -464,6 +464,13 @@ def _static_key(leaf: Any, function_name: str) -> Any:
             "hashable, so it cannot be treated as static. Pass arrays, or a hashable value."
         ) from None
     return (type(leaf), leaf)
+
+
+@_caches.register
+def _clear_compiled_steps() -> None:
+    """Drops the entries of every `statevar.jit` function (see `statevar.clear_caches`)."""
+    for compiled in list(_state.compiled_functions):
+        compiled.jit_function._cache.clear()
 
 
 @overload

@@ -359,6 +359,12 @@ class Cache:
         key = indexed[0]
         return key, self.entries[key], tuple(map(args.__getitem__, arrays))
 
+    def clear(self) -> None:
+        """Drops every entry and index (see `statevar.clear_caches`)."""
+        for key in list(self.entries):
+            self.forget(key)
+        self.plans.clear()
+
     def forget(self, key: Any) -> None:
         """Drops the entry under ``key`` and its indexes: a Module in the key was freed, or
         the entry was replaced (see `track` and `index`)."""

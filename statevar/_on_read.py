@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _placement, _state, _trace, _update
+from . import _caches, _placement, _state, _trace, _update
 from ._convert import Tracer, broadcasts_to, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from ._update import Operation
@@ -249,18 +249,21 @@ def apply(operation: Operation, replicas: Any, operands: Any, index: tuple = ())
 # --------------------------------------------------------------------------- compiled forms
 
 
+@_caches.register_cached
 @functools.cache
 def reader(layout: Layout) -> Any:
     """The compiled read: the aggregate, on the aggregate's sharding. Donates nothing."""
     return jax.jit(functools.partial(aggregate, layout), out_shardings=layout.aggregate_sharding)
 
 
+@_caches.register_cached
 @functools.cache
 def initializer(layout: Layout) -> Any:
     """The compiled split of an aggregate into new per-replica values. Donates nothing."""
     return jax.jit(functools.partial(split, layout), out_shardings=layout.replica_sharding)
 
 
+@_caches.register_cached
 @functools.cache
 def cross_replica_updates(operation: Operation, layout: Layout) -> tuple[Any, Any]:
     """(donating, copying) compiled updates by a cross-replica value: split over the
@@ -273,6 +276,7 @@ def cross_replica_updates(operation: Operation, layout: Layout) -> tuple[Any, An
     return _pair(update, layout, static_argnums=3 if operation is _update.SETITEM else ())
 
 
+@_caches.register_cached
 @functools.cache
 def local_updates(operation: Operation, layout: Layout) -> tuple[Any, Any]:
     """(donating, copying) compiled updates by per-replica values, shape ``(replicas,

@@ -99,6 +99,19 @@ checkpoint_locks_guard = threading.Lock()
 concrete_argument_types: set[type] = {np.ndarray, bool, int, float, complex}
 
 
+# Changed by `forget_compiled_updates` (`statevar.clear_caches`): a variable that recorded
+# its compiled updates in another generation forgets them (see `Variable._run_kernel`).
+compiled_updates_generation = [0]
+
+
+def forget_compiled_updates() -> None:
+    """Records that JAX's compiled updates were dropped: every variable's next update runs
+    as a first call (see `compiled_updates_generation`), and its hot path closes."""
+    with _counters_lock:
+        compiled_updates_generation[0] += 1
+    bump_compile_epoch()
+
+
 def bump_compile_epoch() -> None:
     """Records that a trainable flag, a sharding or a variable's commitment changed:
     compiled steps check again, and run their next call as a first call (JAX compiles

@@ -23,6 +23,7 @@ from jax import lax
 from jax.core import Tracer
 from jax.sharding import Sharding
 
+from . import _caches
 from ._placement import is_explicit, pin
 
 
@@ -119,6 +120,7 @@ OPERATIONS: dict[str, Operation] = {
 copy_array = jax.jit(jnp.copy)
 
 
+@_caches.register_cached
 @functools.cache
 def pinned_updates(operation: Operation, sharding: Sharding) -> tuple[Callable, Callable]:
     """Returns (donating, copying) jitted versions of an update for a variable over several

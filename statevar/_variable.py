@@ -40,6 +40,7 @@ _acquire, _release = _update_lock.acquire, _update_lock.release
 _donating = _state.donating
 _placement_settings = _state.placement_settings
 _compile_epoch = _state.compile_epoch
+_compiled_updates_generation = _state.compiled_updates_generation
 # The type of a concrete array, as the eager hot path checks it: recorded when a hot path
 # first opens (`Variable._open_hot_path`), so that importing statevar starts no JAX backend.
 _array_type: type | None = None
@@ -884,6 +885,8 @@ class Variable(RefusedInPlace, Readable):
         shared = _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL
         kernel = copying if shared else donating
         key = compiled_key(signature, committed=old.committed)
+        if self._compiled_generation != _compiled_updates_generation[0]:
+            self._forget_compiled()  # `statevar.clear_caches` dropped them
         first = key not in self._compiled
         if not old.committed and any(map(_placement.is_committed, operands)):
             # JAX commits what it computes from a committed array: the variable becomes
@@ -927,8 +930,10 @@ class Variable(RefusedInPlace, Readable):
     def _forget_compiled(self) -> None:
         """Forgets which updates this variable has run (JAX's fast path for their calls),
         for a new variable or a new placement."""
-        # Signatures (`compiled_key`) of the donating calls this variable has run.
+        # Signatures (`compiled_key`) of the donating calls this variable has run, in
+        # `_state.compiled_updates_generation` ``_compiled_generation``.
         self._compiled: set[Any] = set()
+        self._compiled_generation = _compiled_updates_generation[0]
         # Per eager update (`_HOT_SLOTS`): the abstract value it takes on the hot path, in
         # compile epoch `_hot_epoch`; None where the hot path is closed.
         self._hot_avals: list[Any] = [None, None, None]
