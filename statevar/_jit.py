@@ -22,7 +22,7 @@ from ._signals import held_signals
 from ._tree import Node, Structure, is_state, variables_and_structure
 from ._typing import Compiled, Params, Result
 from ._variable import Variable
-from ._warm_call import warm_call
+from ._warm_call import Miss, warm_call
 
 _compile_epoch = _state.compile_epoch  # a one-item list, changed in place
 _concrete_argument_types = _state.concrete_argument_types  # a set, added to in place
@@ -256,8 +256,16 @@ class JitFunction:
         if found is not None and found.needs_retrace:
             entry = self._retrace(key, entry, found)  # JAX traced it again for new shapes
         if entry.call is not None:
-            return entry.call(dynamic)
+            result = entry.call(dynamic)
+            return self._missed(key, entry, dynamic, result) if type(result) is Miss else result
         return self._first_call(key, entry, dynamic)
+
+    def _missed(self, key: Any, entry: Entry, dynamic: tuple[Any, ...], miss: Miss) -> Any:
+        """Runs a call that ``entry``'s warm call did not serve (see `Miss`) through the
+        general path."""
+        if miss.cold:
+            entry.call = None
+        return self._run(key, entry, dynamic)
 
     def _trace(
         self, key: Any, entry: Entry, dynamic: tuple[Any, ...], *, donating: bool
@@ -334,7 +342,7 @@ class JitFunction:
         if retraced is not found and retraced is not None and retraced.needs_retrace:
             # That trace found more to lift, and gave every variable back unchanged.
             return self._run(key, entry, dynamic)
-        entry.call = warm_call(self, key, entry)
+        entry.call = warm_call(self, entry)
         return box.value
 
     def _check_devices(self, lifted: tuple[Variable, ...], arrays: list, dynamic: tuple) -> None:
@@ -536,7 +544,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         # @statevar.jit above @staticmethod or @classmethod: compile the function inside.
         return type(fn)(jit(fn.__func__, **jit_kwargs))
     compiled = JitFunction(fn, **jit_kwargs)
-    run, general = compiled._run, compiled.__call__
+    run, general, missed = compiled._run, compiled.__call__, compiled._missed
     entries, find = compiled._cache.entries, compiled._cache.find
     accepts = _concrete_argument_types.issuperset
 
@@ -550,7 +558,10 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                 if entry is not None:
                     warm = entry.call
                     if warm is not None:
-                        return warm(args)
+                        result = warm(args)
+                        if type(result) is not Miss:
+                            return result
+                        return missed(len(args), entry, args, result)
                     return run(len(args), entry, args)
             else:
                 # Fast path for step(model, x) and methods: arrays, Variables and Modules
@@ -560,7 +571,10 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
                 if indexed is not None:
                     key, entry, dynamic = indexed
                     warm = entry.call
-                    return run(key, entry, dynamic) if warm is None else warm(dynamic)
+                    if warm is None:
+                        return run(key, entry, dynamic)
+                    result = warm(dynamic)
+                    return missed(key, entry, dynamic, result) if type(result) is Miss else result
         return general(*args, **kwargs)
 
     if isinstance(fn, types.FunctionType):

@@ -31,15 +31,12 @@ import sys
 import types
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import _state, _update, _variable
 from ._convert import Tracer
 from ._jit_cache import Entry, put_back
 from ._variable import Variable
-
-if TYPE_CHECKING:
-    from ._jit import JitFunction
 
 # The template. Its free names are globals of the function made from it: `_NAMESPACE`'s,
 # and the entry's own (see `warm_call`).
@@ -47,17 +44,17 @@ _TEMPLATE = """
 def call(dynamic):
     if _compile_epoch[0] != epoch:
         # A trainable flag or a sharding changed somewhere: the general call checks them.
-        return _hand_back(function_ref, key, dynamic)
+        return _MISS
     if uncommitted and _any(_map(_getattr, dynamic, _COMMITTED, _NOT_COMMITTED)):
         # A variable placed nowhere, and an argument committed to a device: the general
         # call checks their devices and commits the variable.
-        return _hand_back(function_ref, key, dynamic, cold=True)
+        return _COLD_MISS
     # Acquired inside the try, so that an exception landing right after acquiring still
     # releases.
     try:
         _acquire()
         if _donating[0]:
-            raise function_ref()._interrupted()
+            raise owner_ref()._interrupted()
         arrays = originals = [{reads}]
         found = traced.found
         # The call, made when the unpacking assignment below consumes it. Its arguments
@@ -77,7 +74,7 @@ def call(dynamic):
             _donating[0] = False
             (({stores}result,),) = call
         except Exception as error:
-            raise _failed(function_ref, variables, arrays, error, dynamic) from error
+            raise _failed(owner_ref, variables, arrays, error, dynamic) from error
         finally:
             _donating[0] = False
         # What a trace JAX made inside this call found, read under the lock: another
@@ -86,7 +83,7 @@ def call(dynamic):
         if {first_is_tracer}:
             # Called inside jax.jit without traced arguments: traced, nothing donated.
             _put_back(variables, originals)
-            raise function_ref()._under_transformation()
+            raise owner_ref()._under_transformation()
     finally:
         try:
             _release()
@@ -95,35 +92,49 @@ def call(dynamic):
     if retraced is not found and retraced.needs_retrace:
         # JAX traced again for new shapes, and that trace gave every variable back
         # unchanged: run the call again on an entry lifting what it found.
-        return _hand_back(function_ref, key, dynamic)
+        return _MISS
     return result
 """
 
 
-def _hand_back(
-    function_ref: weakref.ref[JitFunction], key: Any, dynamic: tuple[Any, ...], cold: bool = False
-) -> Any:
-    """Runs a call through the function's general `JitFunction._run`; as a first call if
-    ``cold`` (the entry's warm call is dropped, and made again after)."""
-    function = function_ref()
-    assert function is not None  # it holds the cache that holds the calling entry
-    entry = function._cache.entries[key]
-    if cold:
-        entry.call = None
-    return function._run(key, entry, dynamic)
+class Miss:
+    """What a warm call returns when it does not serve the call: the caller runs it through
+    its general path, which checks what changed (``cold``: as a first call, dropping the
+    warm call, to check the arguments' devices and commit the variables)."""
+
+    __slots__ = ("cold",)
+
+    def __init__(self, cold: bool):
+        self.cold = cold
+
+
+MISS, COLD_MISS = Miss(False), Miss(True)
+
+
+class StepOwner(Protocol):
+    """The compiled function a warm call belongs to, as the warm call sees it: what builds
+    its errors."""
+
+    def _failed_call(
+        self, lifted: tuple[Variable, ...], arrays: list, error: Exception, dynamic: tuple = ()
+    ) -> Exception: ...
+
+    def _interrupted(self) -> Exception: ...
+
+    def _under_transformation(self) -> Exception: ...
 
 
 def _failed(
-    function_ref: weakref.ref[JitFunction],
+    owner_ref: weakref.ref[StepOwner],
     variables: tuple[Variable, ...],
     arrays: list,
     error: Exception,
     dynamic: tuple[Any, ...],
 ) -> Exception:
-    """The error to raise for a compiled call that failed (see `JitFunction._failed_call`)."""
-    function = function_ref()
-    assert function is not None  # as in `_hand_back`
-    return function._failed_call(variables, arrays, error, dynamic)
+    """The error to raise for a compiled call that failed (see `StepOwner._failed_call`)."""
+    owner = owner_ref()
+    assert owner is not None  # it holds the cache that holds the calling entry
+    return owner._failed_call(variables, arrays, error, dynamic)
 
 
 _NAMESPACE = {
@@ -136,7 +147,8 @@ _NAMESPACE = {
     "_getrefcount": sys.getrefcount,
     "_copy_shared": _update.copy_shared,  # fails on a deleted array
     "_starmap": itertools.starmap,
-    "_hand_back": _hand_back,
+    "_MISS": MISS,
+    "_COLD_MISS": COLD_MISS,
     "_failed": _failed,
     "_put_back": put_back,
     "_isinstance": isinstance,
@@ -169,19 +181,20 @@ def _code(count: int) -> types.CodeType:
     return defined["call"].__code__
 
 
-def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple[Any, ...]], Any]:
+def warm_call(owner: StepOwner, entry: Entry) -> Callable[[tuple[Any, ...]], Any]:
     """Returns the lean call of an entry that has run: the hot path of a compiled step.
 
-    It does what `JitFunction._run` does, with everything fixed between calls bound once:
-    the variables and the compiled function. Under the update lock, it donates the
-    variables' arrays (copies of those something else holds: arrays read earlier stay
-    valid) and stores every output, atomically (see the module docstring). It holds
-    neither the entry nor the function (a reference cycle would free them only when the
-    garbage collector runs), and hands the call to the function's `_run` when any
-    trainable flag or sharding changed (a new epoch), an argument committed to a device
-    meets a variable placed nowhere (the first call's placement check and commit, see
-    `JitFunction._trace`), or JAX traced the step again for new argument shapes and that
-    trace found variables to lift.
+    It does what the general path of a compiled call does, with everything fixed between
+    calls bound once: the variables and the compiled function. Under the update lock, it
+    donates the variables' arrays (copies of those something else holds: arrays read
+    earlier stay valid) and stores every output, atomically (see the module docstring). It
+    holds neither the entry nor its owner (a reference cycle would free them only when the
+    garbage collector runs), and returns a `Miss` for the caller's general path to run
+    the call when any trainable flag or sharding changed (a new epoch), an argument
+    committed to a device meets a variable placed nowhere (the first call's placement
+    check and commit: `COLD_MISS`), or JAX traced the step again for new argument shapes
+    and that trace found variables to lift. It runs nothing then, or (JAX's trace for new
+    shapes) a step that gave every variable back unchanged.
     """
     lifted = entry.lifted
     bound = {
@@ -194,8 +207,7 @@ def warm_call(function: JitFunction, key: Any, entry: Entry) -> Callable[[tuple[
         "uncommitted": any(not v._value.committed for v in lifted),
         # The sum of the arrays' reference counts when no array is shared.
         "unshared": _update.SOLE_HOLDER_IN_MAP * len(lifted),
-        "function_ref": weakref.ref(function),
-        "key": key,
+        "owner_ref": weakref.ref(owner),
     }
     # A code object of its own: Python keeps its caches of global lookups in the code
     # object, and two steps taking turns would otherwise keep invalidating each other's.
