@@ -237,3 +237,30 @@ def test_a_step_reads_its_own_values_through_a_function_a_gradient_inside_it_cac
     assert [float(a) for a in step()] == [30.0, 120.0]
     # And eagerly, after both.
     assert float(_cond_tenfold()) == 120.0
+
+
+_untrained = statevar.Variable(1.0, trainable=False, name="untrained")
+
+
+def _tenfold_untrained():
+    """Reads only a variable no frame holds (read as its concrete value)."""
+    return _untrained.value * 10
+
+
+def test_a_cached_function_reading_a_variable_no_frame_holds_sees_its_assignments():
+    _untrained.assign(1.0)
+    _w.assign(2.0)
+    value_and_grad = statevar.value_and_grad(
+        lambda: _w * jax.lax.cond(True, _tenfold_untrained, _tenfold_untrained), _w
+    )
+    assert [float(a) for a in value_and_grad()] == [20.0, 10.0]
+    _untrained.assign(3.0)
+    assert [float(a) for a in value_and_grad()] == [60.0, 30.0]
+
+    @statevar.jit
+    def step():
+        return jax.lax.cond(True, _tenfold_untrained, _tenfold_untrained)
+
+    assert float(step()) == 30.0
+    _untrained.assign(5.0)
+    assert float(step()) == 50.0
