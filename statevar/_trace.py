@@ -58,7 +58,8 @@ _thread_frames = threading.local()
 # share, this thread's `_Generation`, so that eager code under them (an eager
 # `statevar.grad`'s operations) finds its compiled operations again, and a dropped step
 # leaves no cache entry behind. A generation is spent while a function JAX traced under it,
-# closing over a frame's value, is alive (its cache entries live as long as it does): a
+# closing over a variable's value (a frame's, or one read as it stands), is alive (its
+# cache entries live as long as it does): a
 # frame assigning at its own level then moves to a new one (a function traced before the
 # assignment, reading the old value, is traced again when used after it), and so does the
 # frame around one that closes, and every frame opened later. A function made anew for
@@ -277,6 +278,10 @@ def read(var: Variable) -> Any | None:
         if frame.kind == "jit":
             frame.unlifted[var] = None
             break
+    if get_opaque_trace_state() != stack[-1]._state:
+        # Read as its concrete value by a function JAX traces under the frames (and caches,
+        # with that value): traced again once the value may have changed.
+        _record_closure(stack[0], _traces_below(stack[0]))
     return None
 
 
