@@ -3,33 +3,24 @@
 from __future__ import annotations
 
 import itertools
-import operator
 import sys
 from collections.abc import Callable
-from typing import Any, TypeAlias, TypeGuard
+from typing import Any, TypeAlias
 
 import jax
 import jax.extend.core
-import jax.numpy as jnp
 import numpy as np
 
-from . import _placement, _state, _trace, _update
+from . import _creation, _indexing, _placement, _state, _trace, _update
 from ._convert import (
-    Tracer,
     check_not_deleted,
-    convert,
     convert_for_update,
-    initial_dtype,
-    is_concrete_array,
-    native_byte_order,
-    short_repr,
-    value_shape,
 )
 from ._errors import DtypeMismatchError, TraceContextError, interrupted_update_error
 from ._operators import RefusedInPlace
 from ._signals import held_signals
-from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK, Operation
-from ._view import Readable, index_shape, read_operand, traced_update_error, unwrap_index
+from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, Operation
+from ._view import Readable, read_operand, traced_update_error
 
 # jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
@@ -75,206 +66,6 @@ def keep_sharding(variable: Variable, value: Any) -> Any:
     if _placement.is_multi_device(sharding):
         return _placement.pin(value, sharding)
     return value
-
-
-SYNCHRONIZATIONS = ("auto", "on_write", "on_read")
-AGGREGATIONS = ("none", "sum", "mean", "only_first_replica")
-
-
-def _spelling(value: Any) -> Any:
-    """A setting as statevar spells it: lower case, from a str or an enum member's name
-    (``tf.VariableSynchronization.ON_READ`` gives ``"on_read"``)."""
-    if value is None:
-        return "none"
-    name = value if isinstance(value, str) else getattr(value, "name", None)
-    return name.lower() if isinstance(name, str) else value
-
-
-def is_on_read(synchronization: Any) -> bool:
-    """Whether a ``synchronization=`` argument asks for an on-read variable."""
-    return synchronization is not None and _spelling(synchronization) == "on_read"
-
-
-def _option(label: str, what: str, value: Any, allowed: tuple[str, ...]) -> str:
-    """Returns the setting ``value`` of ``what`` as one of ``allowed``.
-
-    Raises:
-      ValueError: if it is none of them.
-    """
-    spelled = "auto" if what == "synchronization" and value is None else _spelling(value)
-    if spelled not in allowed:
-        raise ValueError(
-            f"Cannot create Variable '{label}' with {what}={value!r}: expected one of "
-            f"{', '.join(repr(a) for a in allowed)}"
-        )
-    return spelled
-
-
-def _trainable_flag(label: str, trainable: Any, allow_none: bool) -> Any:
-    """Returns ``trainable`` as a Python bool (None kept where ``allow_none``).
-
-    Raises:
-      TypeError: if it is not a bool (Python's or NumPy's), or None where allowed.
-    """
-    if trainable is None and allow_none:
-        return None
-    if isinstance(trainable, (bool, np.bool_)):
-        return bool(trainable)
-    action = (
-        f"create Variable '{label}' with trainable="
-        if allow_none
-        else f"set Variable '{label}'.trainable to "
-    )
-    expected = "True, False or None" if allow_none else "True or False"
-    raise TypeError(
-        f"Cannot {action}{type(trainable).__name__} {short_repr(trainable)}: expected "
-        f"{expected} (a Python or NumPy bool)"
-    )
-
-
-def _check_on_read(variable: Variable, label: str, trainable: Any, aggregation: str) -> None:
-    """Refuses what an on-read variable cannot be, as TensorFlow does.
-
-    Raises:
-      ValueError: if it is asked to be trainable or has no aggregation, or is of a
-        subclass of Variable.
-    """
-    if trainable:
-        raise ValueError(
-            f"Cannot create Variable '{label}' with synchronization='on_read' and "
-            "trainable=True: an on-read variable holds one value per replica and is never "
-            "differentiated. Pass trainable=False (the default for on-read variables)."
-        )
-    if aggregation == "none":
-        raise ValueError(
-            f"Cannot create Variable '{label}' with synchronization='on_read' and no "
-            "aggregation: expected aggregation='sum', 'mean' or 'only_first_replica', which "
-            "says how its replicas' values combine when it is read"
-        )
-    if not getattr(variable, "_is_on_read", False):
-        raise ValueError(
-            f"Cannot create Variable '{label}' of the subclass {type(variable).__name__} "
-            "with synchronization='on_read': create a statevar.Variable"
-        )
-
-
-def _is_initializer(value: Any) -> TypeGuard[Callable[[], Any]]:
-    """Whether ``value`` is a callable computing the initial value (not an array that
-    happens to be callable)."""
-    return callable(value) and not isinstance(value, jax.Array | np.ndarray | Readable)
-
-
-def _target_sharding(
-    label: str, shape: tuple[int, ...], sharding: Any, device: Any, initial_value: Any
-) -> jax.sharding.Sharding | jax.Device | None:  # pyright: ignore[reportInvalidTypeForm]
-    """Where a new variable goes: ``sharding=`` (or a Sharding given as ``device=``), else
-    ``device=``, else the sharding of an array spread over several devices, else the
-    innermost `statevar.mesh` scope (by its rules) or `statevar.device` scope, else None:
-    JAX's default device, uncommitted (see `Variable`). Checks a sharding fits before
-    anything is created."""
-    action = f"Cannot create Variable '{label}'"
-    if sharding is not None:
-        if callable(sharding) and not isinstance(sharding, jax.sharding.Sharding):
-            sharding = sharding(label, tuple(shape))
-        return _placement.resolve_sharding(sharding, shape, action)
-    if device is not None:
-        return _placement.resolve(device, what=f"Variable '{label}'", stacklevel=3)
-    if is_concrete_array(initial_value) and _placement.is_multi_device(initial_value.sharding):
-        if initial_value.committed:
-            return initial_value.sharding
-    scope = _placement.current_scope()
-    if isinstance(scope, _placement.MeshScope):
-        _, spec = _placement.rule_spec(scope.rules, label)
-        if callable(spec) and not isinstance(spec, jax.sharding.Sharding):
-            spec = spec(label, tuple(shape))
-        return _placement.resolve_sharding(spec, shape, action, scope.mesh)
-    return scope
-
-
-def _placement_request(label: str, device: Any, sharding: Any) -> tuple[Any, Any]:
-    """Returns the ``(device, sharding)`` a new variable asks for: a Sharding given as
-    ``device=`` counts as ``sharding=``.
-
-    Raises:
-      TypeError: if both are given.
-    """
-    if sharding is not None and device is not None:
-        raise TypeError(
-            f"Cannot create Variable '{label}' with both device= and sharding=: pass one"
-        )
-    if isinstance(device, jax.sharding.Sharding):
-        return None, device
-    return device, sharding
-
-
-def _evaluate_initializer(
-    label: str, initial_value: Any, sharding: Any, device: Any
-) -> tuple[Any, Any]:
-    """Returns ``(initial value, target placement)``: for a callable initial value, its
-    result, and the placement it was computed with (None if it was called eagerly); for
-    anything else, the value itself and None.
-
-    The callable runs once. Eagerly, as ``tf.Variable`` calls it, unless the variable may
-    be spread over devices (``sharding=``, a Sharding as ``device=``, a `statevar.mesh`
-    scope): then it is traced once and computed directly with the variable's sharding,
-    never whole on one device first.
-
-    Raises:
-      DtypeMismatchError: if the callable returns a tuple, list or dict, not one array.
-      PlacementError: if the placement does not fit (see `Variable`).
-      Exception: whatever the callable raises, with a note naming the variable.
-    """
-    if not _is_initializer(initial_value):
-        return initial_value, None
-    may_spread = sharding is not None or (
-        device is None and isinstance(_placement.current_scope(), _placement.MeshScope)
-    )
-    try:
-        if not may_spread:
-            result = initial_value()
-        else:
-            traced = jax.jit(initial_value).trace()
-            result = traced.out_info
-    except Exception as error:
-        error.add_note(f"(raised by the initial value callable of Variable '{label}')")
-        raise
-    if isinstance(result, (tuple, list, dict)) or (may_spread and not hasattr(result, "shape")):
-        raise DtypeMismatchError(
-            f"Cannot create Variable '{label}': its initial value callable returns "
-            f"{type(result).__name__}, expected one array"
-        )
-    if not may_spread:
-        return (result._read() if isinstance(result, Readable) else result), None
-    target = _target_sharding(label, result.shape, sharding, device, None)
-    run = jax.extend.core.jaxpr_as_fun(traced.jaxpr)
-    return jax.jit(lambda: run()[0], out_shardings=target)(), target
-
-
-def _check_initial_value(label: str, initial_value: Any) -> None:
-    """Refuses an initial value that is deleted or traced.
-
-    Raises:
-      ValueError: if it is a deleted array.
-      TraceContextError: if it is a tracer.
-    """
-    check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
-    if isinstance(initial_value, Tracer):
-        raise TraceContextError(
-            f"Cannot create Variable '{label}' from a traced value inside a JAX "
-            "transformation: create variables outside jitted or differentiated functions."
-        )
-
-
-def _default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
-    # A local device: under jax.distributed, another process's devices come first in
-    # jax.devices() on every process but the first.
-    # A config option is a dynamic attribute, which jax's stub does not declare.
-    configured = jax.config.jax_default_device  # pyright: ignore[reportAttributeAccessIssue]
-    if isinstance(configured, jax.Device):
-        return configured
-    if isinstance(configured, str):
-        return jax.local_devices(backend=configured)[0]
-    return jax.local_devices()[0]
 
 
 def compiled_key(signature: Any, *, committed: bool) -> Any:
@@ -436,7 +227,7 @@ class Variable(RefusedInPlace, Readable):
             Variable._synchronized_classes[synchronization] = cls
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
-        if cls is Variable and is_on_read(kwargs.get("synchronization")):
+        if cls is Variable and _creation.is_on_read(kwargs.get("synchronization")):
             # One value per replica: its own class, so that no update of it ever takes the
             # eager hot path of `_update` (see `_on_read`).
             cls = Variable._synchronized_classes["on_read"]
@@ -454,42 +245,24 @@ class Variable(RefusedInPlace, Readable):
         synchronization: str = "auto",
         aggregation: str | None = None,
     ):
-        label = name if name is not None else "Variable"
-        if name is not None and not isinstance(name, str):
-            raise TypeError(f"Expected the Variable's name to be a str, got {type(name).__name__}")
-        trainable = _trainable_flag(label, trainable, allow_none=True)
-        synchronization = _option(label, "synchronization", synchronization, SYNCHRONIZATIONS)
-        aggregation = _option(label, "aggregation", aggregation, AGGREGATIONS)
-        on_read = synchronization == "on_read"
-        if on_read:
-            _check_on_read(self, label, trainable, aggregation)
-        _trace.check_creation(label)
-        if isinstance(initial_value, Readable):  # a Variable, or a view of one
-            initial_value = initial_value._read()
-        device, sharding = _placement_request(label, device, sharding)
-        initial_value, target = _evaluate_initializer(label, initial_value, sharding, device)
-        _check_initial_value(label, initial_value)
-        dtype = initial_dtype(initial_value, dtype, label)
-        initial_value, shape = convert(initial_value, dtype, f"Cannot create Variable '{label}'")
-        if target is None:
-            # Checked before anything is copied to a device: a bad request changes nothing.
-            target = _target_sharding(label, shape, sharding, device, initial_value)
-        # A strongly typed copy (an explicit dtype): a variable's dtype is fixed.
-        value = jnp.array(initial_value, dtype=dtype, copy=True)
-        self._name = name
-        self._trainable = bool(not on_read if trainable is None else trainable)
-        if synchronization != "auto" or aggregation != "none":
-            self._synchronization, self._aggregation = synchronization, aggregation
+        state = _creation.initial_state(
+            self,
+            initial_value,
+            trainable=trainable,
+            name=name,
+            dtype=dtype,
+            device=device,
+            sharding=sharding,
+            synchronization=synchronization,
+            aggregation=aggregation,
+        )
+        self._name, self._trainable = name, state.trainable
+        if state.synchronization != "auto" or state.aggregation != "none":
+            self._synchronization, self._aggregation = state.synchronization, state.aggregation
         self._forget_compiled()
-        if target is None and not value.committed:
-            # Nothing asked where: uncommitted on JAX's default device, as `jnp.zeros` is.
-            self._value: jax.Array = value
-        else:
-            # A copy on the device, then put on the sharding: a NumPy value put straight
-            # onto a sharding can alias host memory, and the next donated update would not
-            # be in place.
-            self._value = jax.device_put(value, target or _default_device())
-        _placement.log(label, "create", self._value.sharding)
+        # Uncommitted on JAX's default device where nothing asked where, as `jnp.zeros` is.
+        self._value: jax.Array = state.array
+        _placement.log(self.name, "create", self._value.sharding)
 
     # ----------------------------------------------------------------- properties
 
@@ -500,7 +273,7 @@ class Variable(RefusedInPlace, Readable):
 
     @trainable.setter
     def trainable(self, enabled: bool) -> None:
-        enabled = _trainable_flag(self.name, enabled, allow_none=False)
+        enabled = _creation.trainable_flag(self.name, enabled, allow_none=False)
         if enabled != self._trainable:
             self._trainable = enabled
             _state.bump_compile_epoch()
@@ -674,132 +447,7 @@ class Variable(RefusedInPlace, Readable):
             function (the slice's size must be known when it compiles).
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
-        index = self._placed_index(self._concrete_index(unwrap_index(index)))
-        if (
-            isinstance(index, (jax.Array, np.ndarray))
-            and index.dtype == np.bool_
-            and index.shape == self.shape
-            and value_shape(
-                read_operand(value), f"Cannot {SETITEM.phrase} Variable '{self.name}'", self.dtype
-            )
-            == ()
-        ):
-            # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
-            value = convert_for_update(
-                read_operand(value), self._value, self.name, SETITEM, target_shape=()
-            )
-            self._update(SETMASK, value, (index,))
-            return
-        parts = index if isinstance(index, tuple) else (index,)
-        if any(map(_is_scalar_mask, parts)):
-            # NumPy reads a 0-d boolean as a new axis that selects everything (True) or
-            # nothing (False).
-            if not all(bool(part) for part in parts if _is_scalar_mask(part)):
-                action = f"Cannot {SETITEM.phrase} Variable '{self.name}'"
-                target = self._indexed_shape(index)
-                convert(read_operand(value), self.dtype, action, target, "indexed part")
-                return  # nothing selected: the value checked, nothing to change
-            index = tuple(None if _is_scalar_mask(part) else part for part in parts)
-        static, dynamic = _update.split_index(index)
-        if not any(isinstance(part, Tracer) for part in dynamic):
-            target = self._indexed_shape(index)
-            # A jitted update cannot take a boolean mask (the selection's shape would depend
-            # on its values), so a concrete mask becomes the integer indices it selects.
-            static, dynamic = _update.split_index(_masks_to_indices(index))
-        else:
-            target = self._indexed_shape(index, traced=True)
-        value = convert_for_update(
-            read_operand(value), self._value, self.name, SETITEM, target_shape=target
-        )
-        self._update(SETITEM, value, (dynamic, static))
-
-    def _indexed_shape(self, index: Any, traced: bool = False) -> tuple[int, ...]:
-        """The shape of ``self[index]``, by NumPy's rules (JAX's for a ``traced`` index).
-
-        Raises:
-          IndexError: if the index is out of range, or selects by a traced boolean.
-          ValueError: for a slice step of 0.
-        """
-        action = f"Cannot set Variable '{self.name}'"
-        if not traced:
-            return index_shape(self.shape, index, action)
-        try:
-            abstract = jax.ShapeDtypeStruct(self.shape, self.dtype)
-            return jax.eval_shape(lambda x: x[index], abstract).shape
-        except jax.errors.NonConcreteBooleanIndexError:
-            raise IndexError(
-                f"{action}[{short_repr(index)}]: a traced boolean "
-                "index selects a number of elements known only when the step runs. Use "
-                "v[mask] = scalar with a mask of the variable's shape, or "
-                "v.assign(jnp.where(mask, new, v))"
-            ) from None
-        except (IndexError, ValueError) as error:  # out of range; a slice step of 0
-            raise type(error)(
-                f"{action}[{short_repr(index)}]: {error} (the variable's shape is {self.shape})"
-            ) from None
-
-    def _concrete_index(self, index: Any) -> Any:
-        """Returns ``index`` with each slice bound that is a Variable or an array read to a
-        Python int, as NumPy reads it (``__index__``), each list made a NumPy array, as
-        NumPy takes it (a list of bools is a mask), and each big-endian NumPy array made
-        native.
-
-        A slice is part of the compiled update's static key: a Variable there would key it
-        by identity, so a later update would reuse the bounds it had first.
-
-        Raises:
-          TypeError: for a bound that is not an integer, or that is traced (a slice's size
-            must be known when the step is compiled).
-        """
-
-        def bound(part: Any) -> Any:
-            if part is None or type(part) is int:
-                return part
-            part = read_operand(part)
-            if isinstance(part, Tracer):
-                raise TypeError(
-                    f"Cannot set Variable '{self.name}'[{short_repr(index)}]: a slice bound "
-                    "is traced, so the slice's size is unknown when the step compiles. Use "
-                    "jax.lax.dynamic_update_slice for a slice of fixed size at a traced start"
-                )
-            try:
-                return operator.index(part)
-            except TypeError:
-                raise TypeError(
-                    f"Cannot set Variable '{self.name}'[{short_repr(index)}]: slice bounds "
-                    f"must be integers or None, got {short_repr(part)}"
-                ) from None
-
-        def read(part: Any) -> Any:
-            if isinstance(part, slice):
-                return slice(bound(part.start), bound(part.stop), bound(part.step))
-            if isinstance(part, list):
-                array = np.asarray(part)
-                # NumPy's float64 for an empty list says nothing: an empty integer index.
-                return array.astype(np.intp) if array.size == 0 else array
-            return native_byte_order(part)
-
-        return tuple(map(read, index)) if isinstance(index, tuple) else read(index)
-
-    def _placed_index(self, index: Any) -> Any:
-        """Refuses deleted index arrays, and copies index arrays on another device to the
-        variable's, as `convert_for_update` does for values."""
-        action = f"Cannot set an item of Variable '{self.name}'"
-
-        # Over several devices: a mask takes the variable's sharding, other indices are
-        # replicated.
-        own = self.sharding
-        other = _placement.replicated(own)
-
-        def place(part: Any) -> Any:
-            if is_concrete_array(part):
-                check_not_deleted(part, action, what="index")
-                sharding = own if part.shape == self.shape else other
-                if part.sharding != sharding:
-                    return jax.device_put(part, sharding)
-            return part
-
-        return tuple(map(place, index)) if isinstance(index, tuple) else place(index)
+        _indexing.set_item(self, index, value)
 
     def _update(self, operation: Operation, value: Any, index: tuple | None = None) -> Variable:
         """Applies ``operation`` in place: the general path.
@@ -1049,33 +697,3 @@ class Variable(RefusedInPlace, Readable):
 
 
 jax.tree_util.register_pytree_node_class(Variable)
-
-
-def _boolean_rank(part: Any) -> int | None:
-    """The rank of a concrete boolean index part (0 for ``True`` or ``np.True_``); None for
-    anything else."""
-    if isinstance(part, (bool, np.bool_)):
-        return 0
-    is_array = is_concrete_array(part) or isinstance(part, np.ndarray)
-    return part.ndim if is_array and part.dtype == np.bool_ else None
-
-
-def _is_mask(part: Any) -> bool:
-    rank = _boolean_rank(part)
-    return rank is not None and rank > 0
-
-
-def _is_scalar_mask(part: Any) -> bool:
-    return _boolean_rank(part) == 0
-
-
-def _masks_to_indices(index: Any) -> Any:
-    """Replaces each concrete boolean mask in ``index`` by the integer arrays it selects."""
-    parts = index if isinstance(index, tuple) else (index,)
-    if not any(_is_mask(part) for part in parts):
-        return index
-    return tuple(
-        selected
-        for part in parts
-        for selected in (np.nonzero(np.asarray(part)) if _is_mask(part) else (part,))
-    )
