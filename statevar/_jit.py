@@ -17,7 +17,7 @@ from . import _caches, _placement, _state, _trace, _variable
 from ._closure import closure_variables
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError, interrupted_update_error
-from ._jit_cache import Box, Cache, Entry, Found, put_back, reference, store
+from ._jit_cache import Box, Cache, Entry, Found, reference
 from ._signals import held_signals
 from ._tree import Node, Structure, is_state, variables_and_structure
 from ._typing import Compiled, Params, Result
@@ -315,7 +315,7 @@ class JitFunction:
             lifted = entry.lifted
             try:
                 with held_signals():
-                    store(entry, box, arrays, dynamic)
+                    _variable.store_outputs(entry.lifted, box, entry.jitted, (arrays, dynamic))
                     # Checked before the signal handlers are back, so that no exception can
                     # leave a variable committed in the epoch it was uncommitted in.
                     if (
@@ -337,7 +337,7 @@ class JitFunction:
                 # Called inside jax.jit without traced arguments: the whole call was traced
                 # (nothing ran, nothing was donated), so every value is a tracer; so are
                 # copies made of shared arrays: put back the variables' own.
-                put_back(entry.lifted, originals)
+                _variable.put_back(entry.lifted, originals)
                 raise self._under_transformation()
         if retraced is not found and retraced is not None and retraced.needs_retrace:
             # That trace found more to lift, and gave every variable back unchanged.

@@ -43,7 +43,6 @@ _flatten = itertools.chain.from_iterable
 _starmap = itertools.starmap
 _setattr = setattr
 _compile_epoch = _state.compile_epoch  # a one-item list, changed in place
-_ARRAY_ATTRIBUTE = _variable.ARRAY_ATTRIBUTE
 
 
 class Found:
@@ -241,32 +240,6 @@ def _merge(count: int, held: list[tuple[int, Callable[[], Any]]], dynamic: tuple
         else:
             leaves.append(next(remaining))
     return leaves
-
-
-def store(entry: Entry, box: Box, arrays: list[jax.Array], dynamic: tuple) -> None:
-    """Calls ``entry``'s compiled step, donating ``arrays``, and stores its outputs: each
-    lifted variable's new array, then the result into ``box.value``.
-
-    The compiled call and every store happen in one C call chain, so no bytecode (where an
-    exception such as KeyboardInterrupt can land) comes between the donation and the
-    stores. A first call runs JAX's Python path, which runs Python code after donating:
-    the caller holds signal handlers around it (`_signals.held_signals`).
-    """
-    _consume(
-        map(
-            _setattr,
-            itertools.chain(entry.lifted, (box,)),
-            itertools.chain(itertools.repeat(_ARRAY_ATTRIBUTE, len(entry.lifted)), ("value",)),
-            _flatten(_starmap(entry.jitted, ((arrays, dynamic),))),
-        )
-    )
-
-
-def put_back(variables: tuple[Variable, ...], arrays: list[jax.Array]) -> None:
-    """Stores each variable's own array again, in one C call chain: a step called inside
-    ``jax.jit`` was traced rather than run, and left tracers in the variables (copies
-    made of shared arrays are tracers too). Nothing was donated."""
-    _consume(map(_setattr, variables, itertools.repeat(_ARRAY_ATTRIBUTE), arrays))
 
 
 def reference(argument: Any) -> Callable[[], Any]:

@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _caches, _placement, _state, _trace, _update
+from . import _caches, _placement, _state, _trace, _update, _updating
 from ._convert import Tracer, broadcasts_to, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from ._update import Operation
@@ -331,7 +331,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 "values have no sum; use an integer dtype, or aggregation='only_first_replica'"
             )
         self._layout = placed
-        self._value = initializer(placed)(self._value)
+        self._replace_array(initializer(placed)(self._value))
 
     # ----------------------------------------------------------------- properties
 
@@ -470,10 +470,10 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 )
             operand = value
             donating, copying = cross_replica_updates(operation, layout)
-        self._check_operation(operation)
+        _updating.check_operation(self, operation)
         signature = _update.signature(operation, operand, index)
         operands = (operand,) if index is None else (operand, *index)
-        self._run_kernel(operation, (donating, copying), signature, value, operands)
+        _updating.run_kernel(self, operation, (donating, copying), signature, value, operands)
         _placement.log(self.name, operation.name, self.sharding)
         return self
 
@@ -506,7 +506,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 new = apply(operation, old, split(self._layout, value), index)
             else:
                 new = operation.pure(old, value, *index)
-        self._check_operation(operation)
+        _updating.check_operation(self, operation)
         if per_replica:
             new = _placement.pin(new, self._layout.replica_sharding)
         _trace.write(self, new, operation.phrase)
@@ -569,7 +569,8 @@ class OnReadVariable(Variable, synchronization="on_read"):
             # store.
             self._forget_compiled()
             _state.bump_compile_epoch()
-            self._value, self._layout = new, placed
+            self._layout = placed
+            self._replace_array(new)
         _placement.log(self.name, "reshard", target)
         return self
 
@@ -592,7 +593,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
         copied = object.__new__(OnReadVariable)
         copied.__dict__.update(self.__dict__)
         copied._forget_compiled()
-        copied._value = _placement.put(self.replica_values, self._layout.replica_sharding)
+        copied._replace_array(_placement.put(self.replica_values, self._layout.replica_sharding))
         return copied
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import sys
 from collections.abc import Callable
@@ -9,46 +10,39 @@ from typing import Any, TypeAlias
 
 import jax
 import jax.extend.core
-import numpy as np
 
-from . import _creation, _indexing, _placement, _state, _trace, _update
-from ._convert import (
-    check_not_deleted,
-    convert_for_update,
-)
-from ._errors import DtypeMismatchError, TraceContextError, interrupted_update_error
+from . import _creation, _indexing, _placement, _state, _trace, _update, _updating
+from ._errors import TraceContextError
 from ._operators import RefusedInPlace
-from ._signals import held_signals
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, Operation
-from ._view import Readable, read_operand, traced_update_error
+from ._updating import HOT_SLOTS
+from ._view import Readable, traced_update_error
 
 # jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
 _SOLE_HOLDER_WITH_LOCAL, _getrefcount = _update.SOLE_HOLDER_WITH_LOCAL, sys.getrefcount
 _starmap = itertools.starmap
+_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
 _update_lock = _state.update_lock
 _acquire, _release = _update_lock.acquire, _update_lock.release
 _donating = _state.donating
-_placement_settings = _state.placement_settings
 _compile_epoch = _state.compile_epoch
 _compiled_updates_generation = _state.compiled_updates_generation
 # The type of a concrete array, as the eager hot path checks it: recorded when a hot path
 # first opens (`Variable._open_hot_path`), so that importing statevar starts no JAX backend.
 _array_type: type | None = None
-# Each eager update's place in a variable's `_hot_avals` (see `Variable._open_hot_path`).
-_HOT_SLOTS = {ASSIGN: 0, ASSIGN_ADD: 1, ASSIGN_SUB: 2}
 
 # What `Variable.reshard` takes.
 ReshardTarget: TypeAlias = (
     "jax.sharding.Sharding | jax.Device | str | jax.sharding.PartitionSpec | tuple | None"  # pyright: ignore[reportInvalidTypeForm]
 )
 
-# The attribute holding a variable's array. Outside this module, `Variable._replace_array`
-# stores a new array in it, and `statevar.jit`'s compiled step (`_jit_cache.store` on a
-# first call, `_warm_call` after) stores many variables' arrays at once, with no bytecode
-# where an exception can land between the donating call and the stores. In this module the
-# updates (`_eager_update`, `Variable._run_kernel`), `reshard` and deep
-# copies store it.
+# The attribute holding a variable's array. Only this module stores it: the eager hot path
+# (`_eager_update`), `Variable._swap` (every other update's result), `Variable._replace_array`
+# (the one store other modules call), `reshard`, deep copies, and the bulk store of a
+# compiled step (`store_outputs` on a first call, and the same written out by `_warm_call`
+# for its number of variables), with no bytecode where an exception can land between the
+# donating call and the stores.
 ARRAY_ATTRIBUTE = "_value"
 
 
@@ -68,15 +62,6 @@ def keep_sharding(variable: Variable, value: Any) -> Any:
     return value
 
 
-def compiled_key(signature: Any, *, committed: bool) -> Any:
-    """The key under which a variable records that it has run the donating call of an
-    update of ``signature`` (as `Variable._update` gives it: the bare operation name, that
-    name with ``"committed"``, `_update.signature`, or any of these with a multi-device
-    sharding): JAX compiles apart for a committed and an uncommitted variable array, so a
-    variable that became committed runs its updates cold once more."""
-    return (signature, "committed variable") if committed else signature
-
-
 def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], Variable]:
     """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`,
     `ASSIGN_SUB`): the eager hot path, with everything else left to `Variable._update`.
@@ -91,7 +76,7 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
     handler's): the variable then holds its old or its new array, never a deleted one.
     """
     name, donating, copying = operation.name, operation.donating, operation.copying
-    slot = _HOT_SLOTS[operation]
+    slot = HOT_SLOTS[operation]
 
     def update(self: Variable, value: jax.typing.ArrayLike | Variable) -> Variable:
         # Acquired inside the try, so that an exception landing right after acquiring still
@@ -381,7 +366,7 @@ class Variable(RefusedInPlace, Readable):
         """Stores ``array`` as the variable's value, as it is: no conversion, no check.
 
         The one store of a new array for code outside this module (the compiled step's
-        bulk store aside: see `ARRAY_ATTRIBUTE`). Donates nothing: the old array stays
+        bulk store aside: see `store_outputs`). Donates nothing: the old array stays
         valid for whoever still holds it. Callers hold `_state.update_lock` wherever
         another thread may update the variable. A change of commitment starts a new
         compile epoch (see `_state.bump_compile_epoch`).
@@ -450,130 +435,23 @@ class Variable(RefusedInPlace, Readable):
         _indexing.set_item(self, index, value)
 
     def _update(self, operation: Operation, value: Any, index: tuple | None = None) -> Variable:
-        """Applies ``operation`` in place: the general path.
+        """Applies ``operation`` in place: the general path (see `_updating.update`)."""
+        return _updating.update(self, operation, value, index)
 
-        Converts and checks ``value`` (a whole-variable update, ``index`` None; setitem and
-        setmask validate it against the indexed part first and pass their index operands),
-        records updates made while a transformation traces, and holds signal handlers
-        through JAX's first call for new argument types, which runs Python code after
-        donating. Donates the old buffer when nothing else holds it, else copies it: arrays
-        read earlier stay valid. Atomic with respect to exceptions raised at any bytecode
-        (``KeyboardInterrupt``, a signal handler's): the variable then holds its old or its
-        new array, never a deleted one.
+    def _swap(self, kernel: Callable, old: jax.Array, operands: tuple) -> None:
+        """Stores ``kernel(old, *operands)`` in place of ``old``: the one store of an
+        update's result outside the hot path (`_eager_update`).
+
+        The call is made by the iterator that the unpacking assignment consumes, so no
+        bytecode (where an exception such as KeyboardInterrupt can land) comes between a
+        donating call and the store. Under an outer jax.jit the update is only traced
+        (nothing is donated): the old array is put back before any signal check
+        (attribute reads, identity tests and stores make none), so no tracer is left
+        stored.
         """
-        current = self._value
-        if index is None:
-            if (
-                type(value) is type(current)
-                and value.aval == current.aval
-                and (not value.committed or value.sharding == current.sharding)
-            ):
-                # An uncommitted value: the bare operation, the key the hot path looks for.
-                key = operation.name
-                signature: Any = (key, "committed") if value.committed else key
-            else:
-                value = convert_for_update(read_operand(value), current, self.name, operation)
-                signature = None
-        else:
-            signature = None
-        del current
-        if _state.open_trace_frames and _trace.innermost() is not None:
-            return self._record_traced(operation, value, index)
-        if signature is None:
-            signature = _update.signature(operation, value, index)
-        sharding = self._value.sharding
-        if _placement.is_multi_device(sharding):
-            # Pinned to the variable's sharding whatever the value's placement, and never
-            # the bare operation the hot path looks for.
-            donating, copying = _update.pinned_updates(operation, sharding)
-            signature = (signature, sharding)
-        else:
-            donating, copying = operation.donating, operation.copying
-        operands = (value,) if index is None else (value, *index)
-        self._run_kernel(operation, (donating, copying), signature, value, operands)
-        if _placement_settings.log_placement:
-            _placement.log(self.name, operation.name, self.device)
-        return self
-
-    def _run_kernel(
-        self, operation: Operation, kernels: tuple, signature: Any, value: Any, operands: tuple
-    ) -> None:
-        """Runs an update kernel on the variable's array and stores its result: the donating
-        kernel of ``kernels`` (donating, copying) when nothing else holds the array, else
-        the copying one (arrays read earlier stay valid).
-
-        Atomic with respect to exceptions raised at any bytecode: JAX's first call for new
-        argument types (``signature`` not yet run) runs Python code after donating, so the
-        first donating call holds the signal handlers until the result is stored; later
-        calls store the result with no check for signals in between (see `_eager_update`).
-        A copying call needs neither: it donates nothing. Opens the eager hot path for the
-        update once its donating call is compiled for a bare ``signature`` (an uncommitted
-        array of the variable's abstract value, see `_update`).
-
-        Raises:
-          StatevarError: in a signal handler that interrupted a donating update (see
-            `_state.donating`).
-        """
-        with _update_lock:
-            if _donating[0]:
-                raise interrupted_update_error(f"{operation.phrase} Variable '{self.name}'")
-            try:
-                # Set before the reference count is read (see `_state.donating`).
-                _donating[0] = True
-                self._run_kernel_locked(operation, kernels, signature, value, operands)
-            finally:
-                _donating[0] = False
-
-    def _run_kernel_locked(
-        self, operation: Operation, kernels: tuple, signature: Any, value: Any, operands: tuple
-    ) -> None:
-        """`_run_kernel`'s body, under the update lock, with `_state.donating` set."""
-        donating, copying = kernels
-        old = self._value
-        shared = _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL
-        kernel = copying if shared else donating
-        key = compiled_key(signature, committed=old.committed)
-        if self._compiled_generation != _compiled_updates_generation[0]:
-            self._forget_compiled()  # `statevar.clear_caches` dropped them
-        first = key not in self._compiled
-        if not old.committed and any(map(_placement.is_committed, operands)):
-            # JAX commits what it computes from a committed array: the variable becomes
-            # committed. The new compile epoch starts before the store, so that no
-            # exception can leave it committed in the epoch its hot path and compiled
-            # steps were opened in.
-            _state.bump_compile_epoch()
-        try:
-            if first:
-                self._check_operation(operation)
-            # Under an outer jax.jit the update is only traced (nothing is donated): the old
-            # array is put back before any signal check (attribute reads, identity tests
-            # and stores make none), so no tracer is left stored.
-            if first and not shared:
-                with held_signals():
-                    self._value = kernel(old, *operands)
-                    if self._value.__class__ is not old.__class__:
-                        self._value = old
-            else:
-                # A copying call donates nothing: an exception landing in JAX's Python
-                # code leaves the variable its old array.
-                (self._value,) = _starmap(kernel, ((old, *operands),))
-                if self._value.__class__ is not old.__class__:
-                    self._value = old
-        except (RuntimeError, ValueError) as error:
-            self._failed_update(operation, value, old, error)
-            return
-        if self._value is old:  # put back: the update was traced
-            self._refuse_traced(operation)
-        if not shared:
-            # The donating call is compiled: JAX's fast path from now on.
-            self._compiled.add(key)
-        if self._value.committed is not old.committed:
-            # Committed some other way (not expected: see above); still a new epoch.
-            _state.bump_compile_epoch()
-        elif not shared and signature == operation.name:
-            slot = _HOT_SLOTS.get(operation)
-            if slot is not None:
-                self._open_hot_path(slot)
+        (self._value,) = _starmap(kernel, ((old, *operands),))
+        if self._value.__class__ is not old.__class__:
+            self._value = old
 
     def _forget_compiled(self) -> None:
         """Forgets which updates this variable has run (JAX's fast path for their calls),
@@ -582,7 +460,7 @@ class Variable(RefusedInPlace, Readable):
         # `_state.compiled_updates_generation` ``_compiled_generation``.
         self._compiled: set[Any] = set()
         self._compiled_generation = _compiled_updates_generation[0]
-        # Per eager update (`_HOT_SLOTS`): the abstract value it takes on the hot path, in
+        # Per eager update (`HOT_SLOTS`): the abstract value it takes on the hot path, in
         # compile epoch `_hot_epoch`; None where the hot path is closed.
         self._hot_avals: list[Any] = [None, None, None]
         self._hot_epoch = -1
@@ -600,39 +478,12 @@ class Variable(RefusedInPlace, Readable):
             self._hot_avals, self._hot_epoch = [None, None, None], epoch
         self._hot_avals[slot] = self._value.aval
 
-    def _record_traced(self, operation: Operation, value: Any, index: tuple | None) -> Variable:
-        """Applies ``operation`` while `statevar.jit` or `statevar.grad` traces: records the
-        new traced value in the innermost trace frame. The variable's own array is neither
-        read for donation nor replaced.
-        """
-        self._check_operation(operation)
-        if operation is not ASSIGN:
-            _trace.prepare_update(self, operation.phrase)
-        old = _trace.read(self) if operation is not ASSIGN else None
-        if old is None:
-            old = self._value
-        new = operation.pure(old, value, *(index or ()))
-        _trace.write(self, new, operation.phrase)
-        return self
-
     def _failed_update(
         self, operation: Operation, value: Any, old: jax.Array, error: Exception
     ) -> Variable:
-        """Handles an update whose jitted call raised ``error``; the variable still holds
-        ``old``.
-
-        Returns the variable if the failure is recovered (an assign to a variable whose
-        array was deleted outside statevar); otherwise raises, naming the variable.
-        """
-        if old.is_deleted():
-            # Donated or deleted outside statevar: only assign can restore it.
-            if operation is not ASSIGN:
-                raise self._deleted_error(f"Cannot {operation.phrase}") from None
-            self._replace_array(_update.fresh(value, old))
-            return self
-        # An array deleted (donated elsewhere) that passed the inline check above.
-        check_not_deleted(value, f"Cannot {operation.phrase} Variable '{self.name}'")
-        raise error
+        """Handles an update whose jitted call raised ``error`` (see
+        `_updating.failed_update`); the variable still holds ``old``."""
+        return _updating.failed_update(self, operation, value, old, error)
 
     def _refuse_traced(self, operation: Operation) -> None:
         """Raises for an update that an outer jax.jit traced, even with concrete operands
@@ -643,20 +494,6 @@ class Variable(RefusedInPlace, Readable):
           TraceContextError: naming the variable and the way out (statevar.jit).
         """
         raise traced_update_error(self, operation)
-
-    def _check_operation(self, operation: Operation) -> None:
-        """Refuses arithmetic on a bool variable, as tf.Variable does (JAX would give a
-        logical or for assign_add, and an error naming no variable for assign_sub).
-
-        Raises:
-          DtypeMismatchError: for assign_add or assign_sub on a bool variable.
-        """
-        if operation.arithmetic and self._value.dtype == np.bool_:
-            raise DtypeMismatchError(
-                f"Cannot {operation.phrase} Variable '{self.name}': it has dtype bool, "
-                "which has no addition or subtraction; use assign (with jnp.logical_or or "
-                "jnp.logical_xor of its value) instead"
-            )
 
     def _deleted_error(self, action: str) -> ValueError:
         cause = self._lost or (
@@ -697,3 +534,32 @@ class Variable(RefusedInPlace, Readable):
 
 
 jax.tree_util.register_pytree_node_class(Variable)
+
+
+def store_outputs(variables: tuple[Variable, ...], box: Any, call: Callable, args: tuple) -> None:
+    """The bulk store of a compiled step: calls ``call(*args)``, which donates the
+    variables' arrays, and stores its outputs, each variable's new array, then the result
+    into ``box.value``.
+
+    The call and every store happen in one C call chain, so no bytecode (where an exception
+    such as KeyboardInterrupt can land) comes between the donation and the stores: every
+    variable holds its old array or its new one. A first call runs JAX's Python path, which
+    runs Python code after donating: the caller holds signal handlers around it
+    (`_signals.held_signals`). (A warm call's store is the same, written out for its
+    number of variables: see `_warm_call`.)
+    """
+    _consume(
+        map(
+            setattr,
+            itertools.chain(variables, (box,)),
+            itertools.chain(itertools.repeat(ARRAY_ATTRIBUTE, len(variables)), ("value",)),
+            itertools.chain.from_iterable(_starmap(call, (args,))),
+        )
+    )
+
+
+def put_back(variables: tuple[Variable, ...], arrays: list[jax.Array]) -> None:
+    """Stores each variable's own array again, in one C call chain: a step called inside
+    ``jax.jit`` was traced rather than run, and left tracers in the variables (copies
+    made of shared arrays are tracers too). Nothing was donated."""
+    _consume(map(setattr, variables, itertools.repeat(ARRAY_ATTRIBUTE), arrays))

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from . import _state, _update, _variable
 from ._convert import Tracer
-from ._jit_cache import Entry, put_back
+from ._jit_cache import Entry
 from ._variable import Variable
 
 # The template. Its free names are globals of the function made from it: `_NAMESPACE`'s,
@@ -150,7 +150,7 @@ _NAMESPACE = {
     "_MISS": MISS,
     "_COLD_MISS": COLD_MISS,
     "_failed": _failed,
-    "_put_back": put_back,
+    "_put_back": _variable.put_back,
     "_isinstance": isinstance,
     "_any": any,
     "_getattr": getattr,
