@@ -117,23 +117,18 @@ def stateless_call(
     given: dict[Variable, Any] = {}
     for variable, leaf in zip(variables, leaves, strict=True):
         given[variable] = _checked(variable, leaf)
-    # A dict as an ordered set: membership by identity (`Variable.__eq__` is elementwise).
-    refs_for: dict[Variable, None] = {}
-    while True:
-        frame = _trace.Frame(
-            "stateless",
-            {v: value for v, value in given.items() if v not in refs_for},
-            {v: jax.new_ref(given[v]) for v in refs_for},
-        )
-        try:
-            with frame:
-                result = read_variables(fn(*args, **kwargs))
-        except _trace.NeedsRefs:
-            pass  # stopped at a nested write: call again with its ref
-        if not frame.wanted_refs:
-            break
-        # Assignments under nested transformations were dropped: run again with refs.
-        refs_for.update(dict.fromkeys(frame.wanted_refs))
+
+    def make_frame(refs: tuple[Variable, ...]) -> _trace.Frame:
+        # A dict as a set: membership by identity (`Variable.__eq__` is elementwise).
+        held = dict.fromkeys(refs)
+        values = {v: value for v, value in given.items() if v not in held}
+        return _trace.Frame("stateless", values, {v: jax.new_ref(given[v]) for v in refs})
+
+    def run(frame: _trace.Frame) -> Any:
+        with frame:
+            return read_variables(fn(*args, **kwargs))
+
+    result, frame, _ = _trace.trace_with_refs(make_frame, run)
     final = dict(frame.values)
     final.update({v: jax.freeze(ref) for v, ref in frame.refs.items()})
     return result, _map_variables(final.__getitem__, tree)

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from jax.custom_derivatives import SymbolicZero
 
-from . import _trace
+from . import _nesting, _trace
 from ._errors import TraceContextError
 from ._tree import Node, is_differentiable, is_variable, read_variables, variable_tree
 from ._variable import Variable
@@ -68,18 +68,19 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
         lifted = list(dict.fromkeys(v for v in leaves if is_differentiable(v)))
         outermost = _trace.innermost() is None
         differentiated = frozenset(lifted)
-        while True:
+        reached: set[int] = set()
+
+        def make_frame(learned: tuple[Variable, ...]) -> _trace.Frame:
             # Outside statevar.jit, this frame owns the refs; inside, the jit frame does. A
             # variable differentiated now (trainable since) is read as a primal, never a ref.
-            learned = [v for v in learned_refs[0] if v not in differentiated]
-            refs = {v: jax.new_ref(v._read()) for v in learned} if outermost else {}
-            frame = _trace.Frame("grad", {}, refs)
+            refs = {v: jax.new_ref(v._read()) for v in learned if v not in differentiated}
+            return _trace.Frame("grad", {}, refs if outermost else {})
 
-            mark, reached = _reach_marks()
+        def run(frame: _trace.Frame) -> Any:
+            mark, marks_reached = _reach_marks()
+            reached.clear()
 
-            def pure(
-                primals: list[jax.Array], frame: _trace.Frame = frame, mark: Any = mark
-            ) -> Any:
+            def pure(primals: list[jax.Array]) -> Any:
                 marked = [mark(i, primal) for i, primal in enumerate(primals)]
                 frame.values = dict(zip(lifted, marked, strict=True))
                 frame.differentiated = differentiated
@@ -90,19 +91,16 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
                 return loss, (aux, [frame.values[v] for v in frame.written])
 
             primals = [v._read() for v in lifted]
-            try:
-                (value, (aux, written)), gradients = jax.value_and_grad(pure, has_aux=True)(primals)
-            except _trace.NeedsRefs:
-                if not outermost:
-                    raise  # the outer eager frame owns the refs: it traces again
-                # stopped at a nested write: trace again with its ref
-            if not (outermost and frame.wanted_refs):
-                break
-            learned_refs[0] = tuple(dict.fromkeys((*learned_refs[0], *frame.wanted_refs)))
+            out = jax.value_and_grad(pure, has_aux=True)(primals)
+            reached.update(marks_reached)
+            return out
+
+        out, frame, learned_refs[0] = _trace.trace_with_refs(make_frame, run, learned_refs[0])
+        (value, (aux, written)), gradients = out
         # The refs this call wrote: a variable once written under a nested transformation
         # has a ref in every later call, which may not write it.
-        refs = {v: ref for v, ref in refs.items() if v in frame.ref_written}
-        if outermost and (frame.written or refs) and _trace.enclosing_vmap() is not None:
+        refs = {v: ref for v, ref in frame.refs.items() if v in frame.ref_written}
+        if outermost and (frame.written or refs) and _nesting.enclosing_vmap() is not None:
             assigned = next(iter((*frame.written, *refs)))
             raise TraceContextError(
                 f"Cannot assign Variable '{assigned.name}' in statevar.grad inside jax.vmap: "

@@ -32,14 +32,18 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
 from jax import lax
 from jax.extend.core import find_top_trace, get_opaque_trace_state, set_current_trace
 
+from . import _nesting
 from ._errors import TraceContextError
 from ._state import enter_trace_frame, exit_trace_frame
+
+Result = TypeVar("Result")
 
 if TYPE_CHECKING:
     from ._variable import Variable
@@ -120,21 +124,6 @@ def _traced_functions(frame: Frame) -> list[Any]:
                 functions.append(function)
         python_frame = python_frame.f_back
     return functions
-
-
-# How messages name the transformations JAX traces a function for (a trace's debug info).
-_TRANSFORMATION_NAMES = {
-    "cond": "jax.lax.cond",
-    "switch": "jax.lax.switch",
-    "scan": "jax.lax.scan (or jax.lax.map)",
-    "fori_loop": "jax.lax.fori_loop",
-    "while_cond": "the cond_fun of jax.lax.while_loop",
-    "while_body": "jax.lax.while_loop",
-    "checkpoint / remat": "jax.checkpoint",
-    "custom_jvp fun": "a jax.custom_jvp function",
-    "custom_vjp fun": "a jax.custom_vjp function",
-    "jit": "jax.jit",
-}
 
 
 class Frame:
@@ -262,9 +251,9 @@ def read(var: Variable) -> Any | None:
         if frame.refs:
             ref = frame.refs.get(var)
             if ref is not None:
-                _check_ref_read(frame, var)
+                _nesting.check_ref_read(frame, var)
                 _note_closure(frame)
-                level = _read_level(frame)
+                level = _nesting.read_level(frame)
                 if level is None:
                     return ref[...]
                 with set_current_trace(level):
@@ -281,7 +270,7 @@ def read(var: Variable) -> Any | None:
     if get_opaque_trace_state() != stack[-1]._state:
         # Read as its concrete value by a function JAX traces under the frames (and caches,
         # with that value): traced again once the value may have changed.
-        _record_closure(stack[0], _traces_below(stack[0]))
+        _record_closure(stack[0], _nesting.traces_below(stack[0]))
     return None
 
 
@@ -316,7 +305,9 @@ def write(var: Variable, value: Any, operation: str) -> None:
         if frame.refs:
             ref = frame.refs.get(var)
             if ref is not None:
-                _check_nested_write(frame, var, operation, has_ref=True)
+                _nesting.check_nested_write(
+                    frame, var, operation, has_ref=True, differentiating=_differentiating()
+                )
                 _note_closure(frame)
                 ref[...] = lax.stop_gradient(value)
                 frame.ref_written[var] = None
@@ -341,13 +332,15 @@ def write(var: Variable, value: Any, operation: str) -> None:
     if _lift_into_ref(stack, var, operation):
         write(var, value, operation)  # now into the ref
         return
-    _check_nested_write(owner, var, operation, has_ref=False)
+    _nesting.check_nested_write(
+        owner, var, operation, has_ref=False, differentiating=_differentiating()
+    )
     owner.wanted_refs[var] = None
     if owner.kind != "jit":
         # statevar.grad and stateless_call outside statevar.jit may be running JAX's
         # transformations for real: a loop whose end depends on the dropped write would never
         # end. Stop here; the owner traces again with a ref.
-        raise NeedsRefs(var)
+        raise NeedsRefs(owner)
 
 
 def prepare_update(var: Variable, operation: str) -> None:
@@ -389,9 +382,11 @@ def _lift_into_ref(stack: list[Frame], var: Variable, operation: str) -> bool:
             return False  # `write` uses the ref, or refuses the write
         if frame is not owner and var in frame.values:
             return False  # an inner frame holds a newer value
-    _check_nested_write(owner, var, operation, has_ref=False)
+    _nesting.check_nested_write(
+        owner, var, operation, has_ref=False, differentiating=_differentiating()
+    )
     loop_reads = owner._loop_reads.get(var)
-    if loop_reads and any(id(trace) in loop_reads for trace in _traces_below(owner)):
+    if loop_reads and any(id(trace) in loop_reads for trace in _nesting.traces_below(owner)):
         return False
     with set_current_trace(owner._trace):
         owner.refs[var] = jax.new_ref(owner.values.pop(var))
@@ -402,26 +397,54 @@ def _lift_into_ref(stack: list[Frame], var: Variable, operation: str) -> bool:
 def _note_nested_read(frame: Frame, var: Variable) -> None:
     """Records a read of ``frame``'s plain value of ``var`` under a nested transformation:
     in a loop's function (see `_lift_into_ref`) or a while loop's cond_fun (see
-    `_check_nested_write`), and as a closure JAX may cache (see `_note_closure`)."""
-    traces = _traces_below(frame)
+    `_nesting.check_nested_write`), and as a closure JAX may cache (see `_note_closure`)."""
+    traces = _nesting.traces_below(frame)
     for trace in traces:
-        traced_for = _traced_for(trace)
+        traced_for = _nesting.transformation_of(trace)
         if traced_for == "while_cond":
             frame._while_reads.append((getattr(trace, "parent_trace", None), var))
-        if traced_for is not None and traced_for not in _RUN_ONCE:
+        if traced_for is not None and traced_for not in _nesting.RUN_ONCE:
             frame._loop_reads.setdefault(var, set()).add(id(trace))
     _record_closure(frame, traces)
-
-
-# What JAX traces a function for when it runs it at most once per step (a loop's body and
-# cond_fun run many times, a custom_vjp function's may run again for its gradient).
-_RUN_ONCE = frozenset(("cond", "switch", "jit", "checkpoint / remat"))
 
 
 class NeedsRefs(Exception):
     """Stops the trace owned by a `statevar.grad` or `statevar.stateless_call` frame (one
     not inside `statevar.jit`'s) at a write under a nested transformation to a variable
-    without a ref; that call traces again with refs for the frame's `Frame.wanted_refs`."""
+    without a ref; that call traces again with refs for the frame's `Frame.wanted_refs`
+    (see `trace_with_refs`)."""
+
+    def __init__(self, owner: Frame):
+        super().__init__(owner)
+        self.owner = owner
+
+
+def trace_with_refs(
+    make_frame: Callable[[tuple[Variable, ...]], Frame],
+    run: Callable[[Frame], Result],
+    refs: tuple[Variable, ...] = (),
+) -> tuple[Result | None, Frame, tuple[Variable, ...]]:
+    """Runs ``run`` on a frame ``make_frame(refs)`` holds ``refs`` in refs, and again on one
+    holding more while the trace writes a variable without a ref under a nested
+    transformation (the frame's `Frame.wanted_refs`, or `NeedsRefs` stopping it): the
+    retrace loop of `statevar.grad` and `statevar.stateless_call`, whose frames own their
+    refs. (A `statevar.jit` frame's trace goes on: its step traces again, see `_jit`.)
+
+    Returns:
+      What the last run returned (None if ``run`` made no frame of its own), its frame, and
+      the refs it held.
+    """
+    while True:
+        frame = make_frame(refs)
+        try:
+            result: Result | None = run(frame)
+        except NeedsRefs as stop:
+            if stop.owner is not frame:
+                raise  # an enclosing frame owns the write: it traces again
+            result = None
+        if not frame.wanted_refs:
+            return result, frame, refs
+        refs = tuple(dict.fromkeys((*refs, *frame.wanted_refs)))
 
 
 def _note_closure(frame: Frame) -> None:
@@ -429,18 +452,19 @@ def _note_closure(frame: Frame) -> None:
     ``frame``'s, as closing over ``frame``'s value (see `_frame_context`). Differentiation
     and batching traces are not cached."""
     if get_opaque_trace_state() != frame._state:
-        _record_closure(frame, _traces_below(frame))
+        _record_closure(frame, _nesting.traces_below(frame))
 
 
 def _record_closure(frame: Frame, traces: list[Any]) -> None:
-    cached = sum(map(_is_cached_kind, traces))
+    cached = sum(map(_nesting.is_cached_kind, traces))
     active = _stack()[-1]._generation  # the context value JAX keyed those traces on
     if cached and active is not None:
         active.record(_traced_functions(frame), cached)
 
 
-def _is_cached_kind(trace: Any) -> bool:
-    return type(trace).__name__ not in ("JVPTrace", "LinearizeTrace", "BatchTrace")
+def _differentiating() -> bool:
+    """Whether a `statevar.grad` frame is open in this thread."""
+    return any(frame.kind == "grad" for frame in _stack())
 
 
 def _innermost_stateless(stack: list[Frame]) -> int:
@@ -449,127 +473,6 @@ def _innermost_stateless(stack: list[Frame]) -> int:
         if stack[index].kind == "stateless":
             return index
     return 0
-
-
-def _traces_below(frame: Frame) -> list[Any]:
-    """The traces between the current one (first) and ``frame``'s own (excluded)."""
-    traces, trace = [], find_top_trace(())
-    while trace is not None and trace is not frame._trace:
-        traces.append(trace)
-        trace = getattr(trace, "parent_trace", None)
-    return traces
-
-
-def enclosing_vmap() -> Any | None:
-    """The innermost `jax.vmap` trace the current trace runs under, or None."""
-    trace = find_top_trace(())
-    while trace is not None:
-        if _is_vmap(trace):
-            return trace
-        trace = getattr(trace, "parent_trace", None)
-    return None
-
-
-def _traced_for(trace: Any) -> str | None:
-    debug_info = getattr(getattr(trace, "frame", None), "debug_info", None)
-    return getattr(debug_info, "traced_for", None)
-
-
-def describe(trace: Any) -> str:
-    """Names the JAX transformation ``trace`` traces for, as messages show it."""
-    kind = type(trace).__name__
-    if _is_vmap(trace):
-        return "jax.vmap"
-    if kind in ("JVPTrace", "LinearizeTrace"):
-        return "jax.grad (or another JAX differentiation)"
-    traced_for = _traced_for(trace)
-    return _TRANSFORMATION_NAMES.get(traced_for or "", traced_for or "a JAX transformation")
-
-
-def _is_vmap(trace: Any) -> bool:
-    return type(trace).__name__ == "BatchTrace"
-
-
-def _cannot_carry_refs(trace: Any) -> bool:
-    """Whether a ref is read outside ``trace`` rather than in it: under `jax.vmap` (where
-    JAX cannot carry a ref into a cond, switch or while loop) and in
-    `jax.lax.custom_linear_solve` (under ``jax.scipy.sparse.linalg.cg``)."""
-    return _is_vmap(trace) or (_traced_for(trace) or "").startswith("custom_linear_solve")
-
-
-def _read_level(frame: Frame) -> Any | None:
-    """The trace to read a ref at: the parent of the outermost transformation between the
-    current trace and ``frame``'s that cannot carry a ref's effects, or None (read here).
-
-    No variable can be assigned under such a transformation (`_check_nested_write` refuses
-    it), so its value just outside is its value everywhere inside.
-    """
-    level = None
-    for trace in _traces_below(frame):  # innermost first: the last found is the outermost
-        if _cannot_carry_refs(trace):
-            level = getattr(trace, "parent_trace", None)
-    return level
-
-
-def _check_ref_read(frame: Frame, var: Variable) -> None:
-    for trace in _traces_below(frame):
-        traced_for = _traced_for(trace)
-        if traced_for == "custom_jvp fun":
-            raise _custom_jvp_error(var, "read")
-        if traced_for == "while_cond":
-            frame._while_reads.append((getattr(trace, "parent_trace", None), var))
-
-
-def _check_nested_write(frame: Frame, var: Variable, operation: str, has_ref: bool) -> None:
-    traces = _traces_below(frame)
-    differentiating = any(f.kind == "grad" for f in _stack()) or any(
-        type(trace).__name__ in ("JVPTrace", "LinearizeTrace") for trace in traces
-    )
-    for trace in traces:
-        if _is_vmap(trace):
-            raise TraceContextError(
-                f"Cannot {operation} Variable '{var.name}' inside jax.vmap: a variable holds "
-                "one value, not one per batch element. Return the new values from the "
-                "vmapped function and assign (a reduction of) them outside it."
-            )
-        traced_for = _traced_for(trace)
-        if traced_for == "custom_jvp fun":
-            raise _custom_jvp_error(var, operation)
-        if (traced_for or "").startswith("custom_linear_solve"):
-            raise TraceContextError(
-                f"Cannot {operation} Variable '{var.name}' inside jax.lax.custom_linear_solve "
-                "(which jax.scipy.sparse.linalg solvers use): its functions run an unknown "
-                "number of times. Assign outside the solve (they may still read variables)."
-            )
-        if traced_for == "checkpoint / remat" and differentiating:
-            raise TraceContextError(
-                f"Cannot {operation} Variable '{var.name}' inside jax.checkpoint while "
-                "differentiating: the checkpointed function runs again to recompute its "
-                "values for the gradient, so the assignment would apply twice. Assign outside "
-                "the checkpointed function (it may still read variables)."
-            )
-        if traced_for == "while_body" and has_ref:
-            parent = getattr(trace, "parent_trace", None)
-            if any(p is parent and v is var for p, v in frame._while_reads):
-                raise TraceContextError(
-                    f"Cannot {operation} Variable '{var.name}' in the body of a "
-                    "jax.lax.while_loop whose cond_fun reads it: the cond_fun would see the "
-                    "value from before the loop, not the body's updates. Carry the value in "
-                    "the loop state (init_val) and assign it after the loop."
-                )
-
-
-def _custom_jvp_error(var: Variable, operation: str) -> TraceContextError:
-    return TraceContextError(
-        f"Cannot {operation} Variable '{var.name}' inside a jax.custom_jvp function: it is "
-        "assigned under a JAX transformation elsewhere in this step, so it lives in a "
-        "jax.Ref, which custom_jvp cannot carry. Read the value outside and pass it to the "
-        "function as an argument."
-        if operation == "read"
-        else f"Cannot {operation} Variable '{var.name}' inside a jax.custom_jvp function, "
-        "which cannot carry a variable's update. Return the new value from the function and "
-        "assign it outside."
-    )
 
 
 def check_creation(name: str) -> None:
