@@ -20,8 +20,8 @@ from ._grad import value_and_grad as value_and_grad
 from ._jit import jit as jit
 from ._manager import CheckpointManager as CheckpointManager
 from ._module import Module as Module
-from ._on_read import PerReplica as PerReplica
 from ._optim import Optimizer as Optimizer
+from ._per_replica import PerReplica as PerReplica
 from ._placement import PlacementWarning as PlacementWarning
 from ._placement import device as device
 from ._placement import mesh as mesh

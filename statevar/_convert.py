@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +26,6 @@ from ._errors import (
     caller_stacklevel,
 )
 from ._placement import is_multi_device, replicated
-
-if TYPE_CHECKING:
-    from ._update import Operation
 
 # Dtype families, ordered so that a value converts safely into its own family or a later one.
 BOOL, INT, FLOAT, COMPLEX = range(4)
@@ -177,11 +174,18 @@ class _Source(NamedTuple):
     described: Any
 
 
+class Phrased(Protocol):
+    """An update as messages name it (`_update.Operation`): ``"assign to"``, ``"add to"``."""
+
+    @property
+    def phrase(self) -> str: ...
+
+
 def convert_for_update(
     value: Any,
     current: jax.Array | jax.ShapeDtypeStruct,
     name: str,
-    operation: Operation,
+    operation: Phrased,
     target_shape: tuple[int, ...] | None = None,
 ) -> Any:
     """Validates ``value`` for an update of a variable, before anything is donated; returns it

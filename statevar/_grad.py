@@ -63,64 +63,88 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        tree = variable_tree(wrt, "statevar.grad's wrt")
-        leaves, treedef = jax.tree.flatten(tree, is_leaf=is_variable)
-        lifted = list(dict.fromkeys(v for v in leaves if is_differentiable(v)))
-        outermost = _trace.innermost() is None
-        differentiated = frozenset(lifted)
-        reached: set[int] = set()
-
-        def make_frame(learned: tuple[Variable, ...]) -> _trace.Frame:
-            # Outside statevar.jit, this frame owns the refs; inside, the jit frame does. A
-            # variable differentiated now (trainable since) is read as a primal, never a ref.
-            refs = {v: jax.new_ref(v._read()) for v in learned if v not in differentiated}
-            return _trace.Frame("grad", {}, refs if outermost else {})
-
-        def run(frame: _trace.Frame) -> Any:
-            mark, marks_reached = _reach_marks()
-            reached.clear()
-
-            def pure(primals: list[jax.Array]) -> Any:
-                marked = [mark(i, primal) for i, primal in enumerate(primals)]
-                frame.values = dict(zip(lifted, marked, strict=True))
-                frame.differentiated = differentiated
-                with frame:
-                    out = read_variables(fn(*args, **kwargs))
-                loss, aux = out if has_aux else (out, None)
-                # Assignments made at this level come out as values, applied afterwards.
-                return loss, (aux, [frame.values[v] for v in frame.written])
-
-            primals = [v._read() for v in lifted]
-            out = jax.value_and_grad(pure, has_aux=True)(primals)
-            reached.update(marks_reached)
-            return out
-
-        out, frame, learned_refs[0] = _trace.trace_with_refs(make_frame, run, learned_refs[0])
-        (value, (aux, written)), gradients = out
-        # The refs this call wrote: a variable once written under a nested transformation
-        # has a ref in every later call, which may not write it.
-        refs = {v: ref for v, ref in frame.refs.items() if v in frame.ref_written}
-        if outermost and (frame.written or refs) and _nesting.enclosing_vmap() is not None:
-            assigned = next(iter((*frame.written, *refs)))
-            raise TraceContextError(
-                f"Cannot assign Variable '{assigned.name}' in statevar.grad inside jax.vmap: "
-                "the function runs once for the whole batch, while a variable holds one value, "
-                "not one per batch element. Return the new values (with has_aux=True) and "
-                "assign a reduction of them outside the vmap, or use statevar.jit around it."
-            )
-        for variable, new in zip(frame.written, written, strict=True):
-            variable.assign(new)
-        for variable, ref in refs.items():
-            variable.assign(jax.freeze(ref))
-        # A variable the loss does not reach gets None, as tf.GradientTape gives.
-        by_variable = {v: gradients[i] for i, v in enumerate(lifted) if i in reached}
-        grads = treedef.unflatten([by_variable.get(v) for v in leaves])
-        if isinstance(wrt, Node):
-            # Keep the module's order (JAX rebuilds dicts with sorted keys).
-            grads = {name: grads[name] for name in tree}
-        return ((value, aux) if has_aux else value), grads
+        return _value_and_grad_call(fn, wrt, has_aux, learned_refs, args, kwargs)
 
     return wrapped
+
+
+def _value_and_grad_call(
+    fn: Callable,
+    wrt: Any,
+    has_aux: bool,
+    learned_refs: list[tuple[Variable, ...]],
+    args: tuple,
+    kwargs: dict,
+) -> Any:
+    """One call of `value_and_grad`'s function: traces ``fn`` in a grad frame (again, with
+    refs, while it assigns under a nested transformation), applies its assignments, and
+    returns the value and the gradients, shaped as ``wrt``."""
+    tree = variable_tree(wrt, "statevar.grad's wrt")
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_variable)
+    lifted = list(dict.fromkeys(v for v in leaves if is_differentiable(v)))
+    outermost = _trace.innermost() is None
+    differentiated = frozenset(lifted)
+    reached: set[int] = set()
+
+    def make_frame(learned: tuple[Variable, ...]) -> _trace.Frame:
+        # Outside statevar.jit, this frame owns the refs; inside, the jit frame does. A
+        # variable differentiated now (trainable since) is read as a primal, never a ref.
+        refs = {v: jax.new_ref(v._read()) for v in learned if v not in differentiated}
+        return _trace.Frame("grad", {}, refs if outermost else {})
+
+    def run(frame: _trace.Frame) -> Any:
+        mark, marks_reached = _reach_marks()
+        reached.clear()
+
+        def pure(primals: list[jax.Array]) -> Any:
+            marked = [mark(i, primal) for i, primal in enumerate(primals)]
+            frame.values = dict(zip(lifted, marked, strict=True))
+            frame.differentiated = differentiated
+            with frame:
+                out = read_variables(fn(*args, **kwargs))
+            loss, aux = out if has_aux else (out, None)
+            # Assignments made at this level come out as values, applied afterwards.
+            return loss, (aux, [frame.values[v] for v in frame.written])
+
+        primals = [v._read() for v in lifted]
+        out = jax.value_and_grad(pure, has_aux=True)(primals)
+        reached.update(marks_reached)
+        return out
+
+    out, frame, learned_refs[0] = _trace.trace_with_refs(make_frame, run, learned_refs[0])
+    (value, (aux, written)), gradients = out
+    _apply_assignments(frame, written, outermost)
+    # A variable the loss does not reach gets None, as tf.GradientTape gives.
+    by_variable = {v: gradients[i] for i, v in enumerate(lifted) if i in reached}
+    grads = treedef.unflatten([by_variable.get(v) for v in leaves])
+    if isinstance(wrt, Node):
+        # Keep the module's order (JAX rebuilds dicts with sorted keys).
+        grads = {name: grads[name] for name in tree}
+    return ((value, aux) if has_aux else value), grads
+
+
+def _apply_assignments(frame: _trace.Frame, written: list[Any], outermost: bool) -> None:
+    """Applies, after the gradient, what the differentiated function assigned: the values
+    ``written`` at the frame's own level, and what the refs the call wrote hold (a variable
+    once written under a nested transformation has a ref in every later call, which may not
+    write it).
+
+    Raises:
+      TraceContextError: for an assignment in an eager `statevar.grad` inside `jax.vmap`.
+    """
+    refs = {v: ref for v, ref in frame.refs.items() if v in frame.ref_written}
+    if outermost and (frame.written or refs) and _nesting.enclosing_vmap() is not None:
+        assigned = next(iter((*frame.written, *refs)))
+        raise TraceContextError(
+            f"Cannot assign Variable '{assigned.name}' in statevar.grad inside jax.vmap: "
+            "the function runs once for the whole batch, while a variable holds one value, "
+            "not one per batch element. Return the new values (with has_aux=True) and "
+            "assign a reduction of them outside the vmap, or use statevar.jit around it."
+        )
+    for variable, new in zip(frame.written, written, strict=True):
+        variable.assign(new)
+    for variable, ref in refs.items():
+        variable.assign(jax.freeze(ref))
 
 
 def _reach_marks() -> tuple[Callable[[int, jax.Array], Any], set[int]]:

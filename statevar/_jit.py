@@ -5,96 +5,33 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import operator
 import types
 from collections.abc import Callable
-from typing import Any, NamedTuple, cast, overload
+from typing import Any, cast, overload
 
 import jax
-import numpy as np
 
 from . import _caches, _placement, _state, _trace, _variable
 from ._closure import closure_variables
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError, interrupted_update_error
-from ._jit_cache import Box, Cache, Entry, Found, reference
+from ._jit_cache import (
+    Box,
+    Cache,
+    Entry,
+    Found,
+    reference,
+    split_call,
+    under_transformation,
+)
 from ._signals import held_signals
-from ._tree import Node, Structure, is_state, variables_and_structure
+from ._tree import Node
 from ._typing import Compiled, Params, Result
 from ._variable import Variable
 from ._warm_call import Miss, warm_call
 
 _compile_epoch = _state.compile_epoch  # a one-item list, changed in place
 _concrete_argument_types = _state.concrete_argument_types  # a set, added to in place
-_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
-
-
-class Split(NamedTuple):
-    """A call split by `split_call`."""
-
-    key: Any  # the entry's key: the tree structure, static arguments, ids of the state
-    treedef: Any  # the tree structure of ``(args, kwargs)``
-    dynamic: tuple[Any, ...]  # the array arguments, in order
-    variables: list[Variable]  # the Variables in the arguments and in their Modules
-    fixed: list[tuple[int, Any]]  # every other leaf, by position: Variables, Modules, static
-    structures: list[Structure]  # how each Module argument's variables were found
-    indexable: bool  # every argument an array, a Variable or a Module (see `Cache.index`)
-    identity: Any  # the key without the ids of the Modules' variables (see `Cache.track`)
-
-
-def split_call(
-    args: tuple, kwargs: dict, is_static: Callable[[Any, int], bool], name: str
-) -> Split:
-    """Splits a call's arguments into its entry's key, its array arguments and its state.
-
-    Arrays and scalars are dynamic (unless marked static); Variables and Modules are state,
-    keyed by id (a Module also by the ids of its variables, so replacing one retraces);
-    anything else is static, keyed by value.
-
-    Raises:
-      TypeError: if a static argument is not hashable.
-      TraceContextError: if an argument is a tracer (a call inside a JAX transformation).
-    """
-    leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_state)
-    key_parts: list[Any] = [treedef]
-    identity_parts: list[Any] = [treedef]
-    dynamic, variables, fixed, structures = [], [], [], []
-    flat = True  # no static argument among the leaves
-    for position, leaf in enumerate(leaves):
-        if isinstance(leaf, _ARRAY_TYPES) and not is_static(treedef, position):
-            if isinstance(leaf, Tracer):
-                raise _under_transformation(name)
-            _concrete_argument_types.add(type(leaf))
-            dynamic.append(leaf)
-            continue
-        if isinstance(leaf, Variable):
-            variables.append(leaf)
-            key_parts.append((position, id(leaf)))
-            identity_parts.append(key_parts[-1])
-        elif isinstance(leaf, Node):
-            module_variables, structure = variables_and_structure(leaf)
-            structures.append(structure)
-            variables.extend(module_variables)
-            key_parts.append((position, id(leaf), tuple(map(id, module_variables))))
-            identity_parts.append((position, id(leaf)))
-        else:
-            key_parts.append((position, _static_key(leaf, name)))
-            identity_parts.append(key_parts[-1])
-            flat = False
-        fixed.append((position, leaf))
-    if not fixed and not kwargs and all(isinstance(a, _ARRAY_TYPES) for a in args):
-        key: Any = len(args)  # the key of `jit`'s fast path for arrays only
-    else:
-        key = tuple(key_parts)
-    indexable = (
-        bool(fixed)
-        and flat
-        and not kwargs
-        and len(leaves) == len(args)
-        and all(map(operator.is_, leaves, args))
-    )
-    identity = tuple(identity_parts) if structures else None
-    return Split(key, treedef, tuple(dynamic), variables, fixed, structures, indexable, identity)
 
 
 def _commit_to_arguments(entry: Entry, dynamic: tuple[Any, ...]) -> None:
@@ -405,7 +342,7 @@ class JitFunction:
         )
 
     def _under_transformation(self) -> TraceContextError:
-        return _under_transformation(self.__name__)
+        return under_transformation(self.__name__)
 
     def _interrupted(self) -> StatevarError:
         """The error for a call made by a signal handler that interrupted a donating update
@@ -442,17 +379,6 @@ def _is_deleted_error(error: Exception) -> bool:
     return message.startswith("Array has been deleted") or "has been deleted or donated" in message
 
 
-def _under_transformation(name: str) -> TraceContextError:
-    return TraceContextError(
-        f"Cannot call the statevar.jit function {name!r} inside jax.jit, "
-        "jax.grad, jax.vmap or another JAX transformation: it runs as a compiled step of "
-        "its own, which reads and assigns variables outside any transformation. Call it "
-        f"outside, or use statevar.jit and statevar.grad throughout. To read variables "
-        f"under jax.grad or jax.vmap, call the Python function itself ({name}.__wrapped__), "
-        "or statevar.stateless_call with it."
-    )
-
-
 def _wrap(wrapper: Any, fn: Any) -> Any:
     """`functools.update_wrapper`, except that ``fn``'s attributes never replace the
     wrapper's own (a callable Module's ``_fn``, say); the others are still exposed."""
@@ -462,23 +388,50 @@ def _wrap(wrapper: Any, fn: Any) -> Any:
     return wrapper
 
 
-def _static_key(leaf: Any, function_name: str) -> Any:
-    try:
-        hash(leaf)
-    except TypeError:
-        raise TypeError(
-            f"The statevar.jit function {function_name!r} got an argument of type "
-            f"{type(leaf).__name__}, which is not an array, Variable or Module and is not "
-            "hashable, so it cannot be treated as static. Pass arrays, or a hashable value."
-        ) from None
-    return (type(leaf), leaf)
-
-
 @_caches.register
 def _clear_compiled_steps() -> None:
     """Drops the entries of every `statevar.jit` function (see `statevar.clear_caches`)."""
     for compiled in list(_state.compiled_functions):
         compiled.jit_function._cache.clear()
+
+
+def _calling(compiled: JitFunction) -> Callable[..., Any]:
+    """The function `jit` returns calls this: the fast paths to a warm entry, with
+    everything they use bound once; anything else goes to `JitFunction.__call__`."""
+    run, general, missed = compiled._run, compiled.__call__, compiled._missed
+    entries, find = compiled._cache.entries, compiled._cache.find
+    accepts = _concrete_argument_types.issuperset
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs and not _state.open_trace_frames:
+            if accepts(map(type, args)):
+                # Fast path for the common step(x, y): only concrete arrays and scalars, so
+                # the key needs no flatten and no argument can be a tracer. Only calls
+                # without variables, modules or static arguments are compiled under it.
+                entry = entries.get(len(args))
+                if entry is not None:
+                    warm = entry.call
+                    if warm is not None:
+                        result = warm(args)
+                        if type(result) is not Miss:
+                            return result
+                        return missed(len(args), entry, args, result)
+                    return run(len(args), entry, args)
+            else:
+                # Fast path for step(model, x) and methods: arrays, Variables and Modules
+                # seen before, as long as the Modules still hold the same objects. (The types
+                # are mapped again: the array path above, the commoner, builds no tuple.)
+                indexed = find(tuple(map(type, args)), args)
+                if indexed is not None:
+                    key, entry, dynamic = indexed
+                    warm = entry.call
+                    if warm is None:
+                        return run(key, entry, dynamic)
+                    result = warm(dynamic)
+                    return missed(key, entry, dynamic, result) if type(result) is Miss else result
+        return general(*args, **kwargs)
+
+    return call
 
 
 @overload
@@ -544,38 +497,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         # @statevar.jit above @staticmethod or @classmethod: compile the function inside.
         return type(fn)(jit(fn.__func__, **jit_kwargs))
     compiled = JitFunction(fn, **jit_kwargs)
-    run, general, missed = compiled._run, compiled.__call__, compiled._missed
-    entries, find = compiled._cache.entries, compiled._cache.find
-    accepts = _concrete_argument_types.issuperset
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs and not _state.open_trace_frames:
-            if accepts(map(type, args)):
-                # Fast path for the common step(x, y): only concrete arrays and scalars, so
-                # the key needs no flatten and no argument can be a tracer. Only calls
-                # without variables, modules or static arguments are compiled under it.
-                entry = entries.get(len(args))
-                if entry is not None:
-                    warm = entry.call
-                    if warm is not None:
-                        result = warm(args)
-                        if type(result) is not Miss:
-                            return result
-                        return missed(len(args), entry, args, result)
-                    return run(len(args), entry, args)
-            else:
-                # Fast path for step(model, x) and methods: arrays, Variables and Modules
-                # seen before, as long as the Modules still hold the same objects. (The types
-                # are mapped again: the array path above, the commoner, builds no tuple.)
-                indexed = find(tuple(map(type, args)), args)
-                if indexed is not None:
-                    key, entry, dynamic = indexed
-                    warm = entry.call
-                    if warm is None:
-                        return run(key, entry, dynamic)
-                    result = warm(dynamic)
-                    return missed(key, entry, dynamic, result) if type(result) is Miss else result
-        return general(*args, **kwargs)
+    call = _calling(compiled)
 
     if isinstance(fn, types.FunctionType):
         # A plain function gives a plain function: it binds as a method, Python calls it

@@ -22,27 +22,26 @@ without flattening its arguments. Its invariants:
 
 from __future__ import annotations
 
-import collections
-import itertools
+import operator
 import sys
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from . import _state, _trace, _update, _variable
-from ._tree import Node, Structure, read_variables
+from ._convert import Tracer
+from ._errors import TraceContextError
+from ._tree import Node, Structure, is_state, read_variables, variables_and_structure
 from ._variable import Variable
 
-# Bound once: `store` runs on every first call, `Entry.arrays` on every trace.
+# Bound once: `Entry.arrays` runs on every trace.
 _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
-_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
-_flatten = itertools.chain.from_iterable
-_starmap = itertools.starmap
-_setattr = setattr
 _compile_epoch = _state.compile_epoch  # a one-item list, changed in place
+_concrete_argument_types = _state.concrete_argument_types  # a set, added to in place
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
 class Found:
@@ -357,3 +356,94 @@ def _forget(cache_ref: weakref.ref, key: Any) -> None:
     cache = cache_ref()
     if cache is not None:
         cache.forget(key)
+
+
+class Split(NamedTuple):
+    """A call split by `split_call`."""
+
+    key: Any  # the entry's key: the tree structure, static arguments, ids of the state
+    treedef: Any  # the tree structure of ``(args, kwargs)``
+    dynamic: tuple[Any, ...]  # the array arguments, in order
+    variables: list[Variable]  # the Variables in the arguments and in their Modules
+    fixed: list[tuple[int, Any]]  # every other leaf, by position: Variables, Modules, static
+    structures: list[Structure]  # how each Module argument's variables were found
+    indexable: bool  # every argument an array, a Variable or a Module (see `Cache.index`)
+    identity: Any  # the key without the ids of the Modules' variables (see `Cache.track`)
+
+
+def split_call(
+    args: tuple, kwargs: dict, is_static: Callable[[Any, int], bool], name: str
+) -> Split:
+    """Splits a call's arguments into its entry's key, its array arguments and its state.
+
+    Arrays and scalars are dynamic (unless marked static); Variables and Modules are state,
+    keyed by id (a Module also by the ids of its variables, so replacing one retraces);
+    anything else is static, keyed by value.
+
+    Raises:
+      TypeError: if a static argument is not hashable.
+      TraceContextError: if an argument is a tracer (a call inside a JAX transformation).
+    """
+    leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_state)
+    key_parts: list[Any] = [treedef]
+    identity_parts: list[Any] = [treedef]
+    dynamic, variables, fixed, structures = [], [], [], []
+    flat = True  # no static argument among the leaves
+    for position, leaf in enumerate(leaves):
+        if isinstance(leaf, _ARRAY_TYPES) and not is_static(treedef, position):
+            if isinstance(leaf, Tracer):
+                raise under_transformation(name)
+            _concrete_argument_types.add(type(leaf))
+            dynamic.append(leaf)
+            continue
+        if isinstance(leaf, Variable):
+            variables.append(leaf)
+            key_parts.append((position, id(leaf)))
+            identity_parts.append(key_parts[-1])
+        elif isinstance(leaf, Node):
+            module_variables, structure = variables_and_structure(leaf)
+            structures.append(structure)
+            variables.extend(module_variables)
+            key_parts.append((position, id(leaf), tuple(map(id, module_variables))))
+            identity_parts.append((position, id(leaf)))
+        else:
+            key_parts.append((position, _static_key(leaf, name)))
+            identity_parts.append(key_parts[-1])
+            flat = False
+        fixed.append((position, leaf))
+    if not fixed and not kwargs and all(isinstance(a, _ARRAY_TYPES) for a in args):
+        key: Any = len(args)  # the key of `jit`'s fast path for arrays only
+    else:
+        key = tuple(key_parts)
+    indexable = (
+        bool(fixed)
+        and flat
+        and not kwargs
+        and len(leaves) == len(args)
+        and all(map(operator.is_, leaves, args))
+    )
+    identity = tuple(identity_parts) if structures else None
+    return Split(key, treedef, tuple(dynamic), variables, fixed, structures, indexable, identity)
+
+
+def under_transformation(name: str) -> TraceContextError:
+    return TraceContextError(
+        f"Cannot call the statevar.jit function {name!r} inside jax.jit, "
+        "jax.grad, jax.vmap or another JAX transformation: it runs as a compiled step of "
+        "its own, which reads and assigns variables outside any transformation. Call it "
+        f"outside, or use statevar.jit and statevar.grad throughout. To read variables "
+        f"under jax.grad or jax.vmap, call the Python function itself ({name}.__wrapped__), "
+        "or statevar.stateless_call with it."
+    )
+
+
+def _static_key(leaf: Any, function_name: str) -> Any:
+    try:
+        hash(leaf)
+    except TypeError:
+        raise TypeError(
+            f"The statevar.jit function {function_name!r} got an argument of type "
+            f"{type(leaf).__name__}, which is not an array, Variable or Module and is not "
+            "hashable, so it cannot be treated as static. Pass arrays, or a hashable value."
+        ) from None
+    return (type(leaf), leaf)

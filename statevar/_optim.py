@@ -6,18 +6,25 @@ import copy
 import operator
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.core import Tracer
 
 from . import _trace
 from ._jit import jit
-from ._optimizer_state import state_layout, state_names, unique
+from ._optimizer_state import (
+    LEARNING_RATE,
+    home_of,
+    placed_gradient,
+    state_layout,
+    state_names,
+    state_placements,
+    transformation,
+    unique,
+)
 from ._placement import is_multi_device, replicated
 from ._tree import (
     Node,
@@ -31,51 +38,6 @@ from ._tree import (
 )
 from ._variable import Variable
 from ._view import read_operand
-
-_LEARNING_RATE = "learning_rate"
-
-
-def _transformation(tx: Any, hyperparameters: dict[str, Any]) -> Any:
-    """Returns ``tx``, or ``optax.inject_hyperparams(tx)(**hyperparameters)`` for a factory
-    such as ``optax.adam``."""
-    if hasattr(tx, "init") and hasattr(tx, "update"):
-        if hyperparameters:
-            raise TypeError(
-                f"Got hyperparameters {sorted(hyperparameters)} with an optax transformation "
-                "that is already built; pass them to its factory instead: "
-                "Optimizer(optax.adam, learning_rate=1e-3)"
-            )
-        return tx
-    if callable(tx) and hyperparameters:
-        factory = cast(Callable[..., optax.GradientTransformation], tx)
-        hyperparameters = dict(hyperparameters)
-        rate = hyperparameters.get(_LEARNING_RATE)
-        if type(rate) is int:  # a float from the start, so that it can be set to 0.5 later
-            hyperparameters[_LEARNING_RATE] = float(rate)
-        # optax would hold the hyperparameters in the parameters' dtype: in bfloat16,
-        # adam's b2=0.999 rounds to 1.0 and the first step gives NaN. float32 holds them
-        # well, and (unlike float64 with x64 on) keeps a float32 model's math in float32.
-        dtype = hyperparameters.pop("hyperparam_dtype", jnp.float32)
-        built = optax.inject_hyperparams(
-            factory, static_args=_static_args(hyperparameters), hyperparam_dtype=dtype
-        )(**hyperparameters)
-        if hasattr(built, "init") and hasattr(built, "update"):
-            return built
-    raise TypeError(
-        "Expected an optax.GradientTransformation such as optax.adam(1e-3), or a factory "
-        f"such as optax.adam with its hyperparameters as keywords; got {type(tx).__name__}"
-    )
-
-
-def _static_args(hyperparameters: dict[str, Any]) -> tuple[str, ...]:
-    """The callable hyperparameters that are not schedules, which `optax.inject_hyperparams`
-    would call with the step count: dtypes (``mu_dtype=jnp.bfloat16``) and masks
-    (``mask=``, ``weight_decay_mask=``: functions of the parameters)."""
-    return tuple(
-        name
-        for name, value in hyperparameters.items()
-        if callable(value) and (isinstance(value, type) or name.endswith("mask"))
-    )
 
 
 class Optimizer:
@@ -132,7 +94,7 @@ class Optimizer:
     ):
         if not isinstance(name, str):
             raise TypeError(f"Expected the Optimizer's name to be a str, got {type(name).__name__}")
-        self._tx = _transformation(tx, hyperparameters)
+        self._tx = transformation(tx, hyperparameters)
         self._name = name
         self._iterations = Variable(0, trainable=False, name=f"{name}/iterations")
         self._built = False
@@ -203,7 +165,7 @@ class Optimizer:
         self._state_owners = tuple(None if o is None else index[o] for _, o, _ in layout)
         self._state_names = tuple(state_names(layout))
         leaves, self._state_treedef = jax.tree.flatten(state)
-        placements = _state_placements(self._params, self._state_owners, leaves)
+        placements = state_placements(self._params, self._state_owners, leaves)
         # A typed PRNG key in the state (optax.noisy_sgd's) is held as its key data, and
         # made a key again for the transformation.
         self._state_key_impls = tuple(
@@ -219,7 +181,7 @@ class Optimizer:
             for name, leaf, placement in zip(self._state_names, leaves, placements, strict=True)
         )
         spread = [p.sharding for p in self._params if is_multi_device(p.sharding)]
-        home = replicated(spread[0]) if spread else _home(self._params)
+        home = replicated(spread[0]) if spread else home_of(self._params)
         if home is not None and self._iterations.sharding.device_set != home.device_set:
             self._iterations.reshard(home)
         self._learning_rate = self._find_learning_rate(layout)
@@ -252,14 +214,14 @@ class Optimizer:
             if owner is None
             and len(outer) >= 2
             and outer[-2] == jax.tree_util.GetAttrKey("hyperparams")
-            and outer[-1] == jax.tree_util.DictKey(_LEARNING_RATE)
+            and outer[-1] == jax.tree_util.DictKey(LEARNING_RATE)
         ]
         if not found:
             return None, False
         _, i, base = min(found, key=lambda item: item[:2])
         schedule = (*base, jax.tree_util.GetAttrKey("hyperparams_states"))
         scheduled = any(
-            outer[: len(schedule) + 1] == (*schedule, jax.tree_util.DictKey(_LEARNING_RATE))
+            outer[: len(schedule) + 1] == (*schedule, jax.tree_util.DictKey(LEARNING_RATE))
             for outer, _, _ in layout
         )
         return self._state[i], scheduled
@@ -539,7 +501,7 @@ class Optimizer:
             return
         if self._spread:
             # A gradient committed elsewhere than its sharded parameter is copied there.
-            flat = list(map(_placed, flat, self._params))
+            flat = list(map(placed_gradient, flat, self._params))
         # Arrays as separate arguments take statevar.jit's fast path for array calls.
         self._compiled_apply(*flat, **extra_args)
 
@@ -628,50 +590,3 @@ def _check_gradient_dtype(variable: Variable, gradient: Any) -> None:
 # A jax.Array's shape through its abstract value, in C (``Array.shape`` is a Python
 # property); a gradient without one (a NumPy array) takes the general path of `apply`.
 _shape_of = operator.attrgetter("aval.shape")
-
-
-def _state_placements(
-    params: tuple[Variable, ...], owners: tuple[int | None, ...], leaves: list[Any]
-) -> list[Any]:
-    """Where each state variable goes: a leaf of its parameter's shape takes the parameter's
-    sharding; any other leaf (a count, a scalar) is replicated on the parameters' mesh.
-    Without a parameter over several devices, a leaf of a placed (committed) parameter
-    goes to its device; any other leaf (a count, or the state of a parameter placed
-    nowhere) where the placed parameters are when they share one device (`_home`), else
-    nowhere (None)."""
-    spread = [p.sharding for p in params if is_multi_device(p.sharding)]
-    if not spread:
-        home = _home(params)
-        return [
-            params[owner]._value.sharding
-            if owner is not None and params[owner]._value.committed
-            else home
-            for owner in owners
-        ]
-    placements = []
-    for owner, leaf in zip(owners, leaves, strict=True):
-        param = params[owner] if owner is not None else None
-        if param is not None and tuple(np.shape(leaf)) == param.shape:
-            placements.append(param.sharding)
-        else:
-            placements.append(replicated(param.sharding if param is not None else spread[0]))
-    return placements
-
-
-def _home(params: tuple[Variable, ...]) -> jax.sharding.Sharding | None:
-    """Where an optimizer's own scalars (its step count) go: the parameters' one placement
-    when every placed (committed) parameter shares it, as TensorFlow colocates slots with
-    their variables; None (placed nowhere) otherwise."""
-    placed = {p._value.sharding for p in params if p._value.committed}
-    return placed.pop() if len(placed) == 1 else None
-
-
-def _placed(gradient: Any, param: Variable) -> Any:
-    """A gradient committed elsewhere than its parameter is copied to the parameter's
-    sharding, so that the compiled update runs where the parameter lives."""
-    if isinstance(gradient, jax.Array) and not isinstance(gradient, Tracer):
-        sharding = param._value.sharding
-        if gradient.committed and gradient.sharding != sharding:
-            if gradient.shape == param.shape:
-                return jax.device_put(gradient, sharding)
-    return gradient

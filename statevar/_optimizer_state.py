@@ -8,9 +8,20 @@ under such a dict belongs to one parameter, and is named after it
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.core import Tracer
+
+from ._placement import is_multi_device, replicated
+from ._variable import Variable
+
+# The hyperparameter `Optimizer.learning_rate` reads and sets.
+LEARNING_RATE = "learning_rate"
 
 # Fields of optax's wrapper states left out of state names when the names stay unique:
 # ``optimizer/mu/kernel`` rather than ``optimizer/inner_state/0/mu/kernel``.
@@ -91,3 +102,93 @@ def state_names(layout: list[tuple[tuple, str | None, tuple]]) -> list[str]:
     if len(set(names)) != len(names) or "iterations" in names:
         names = [f"state/{i}" for i in range(len(layout))]
     return names
+
+
+def transformation(tx: Any, hyperparameters: dict[str, Any]) -> Any:
+    """Returns ``tx``, or ``optax.inject_hyperparams(tx)(**hyperparameters)`` for a factory
+    such as ``optax.adam``."""
+    if hasattr(tx, "init") and hasattr(tx, "update"):
+        if hyperparameters:
+            raise TypeError(
+                f"Got hyperparameters {sorted(hyperparameters)} with an optax transformation "
+                "that is already built; pass them to its factory instead: "
+                "Optimizer(optax.adam, learning_rate=1e-3)"
+            )
+        return tx
+    if callable(tx) and hyperparameters:
+        factory = cast(Callable[..., optax.GradientTransformation], tx)
+        hyperparameters = dict(hyperparameters)
+        rate = hyperparameters.get(LEARNING_RATE)
+        if type(rate) is int:  # a float from the start, so that it can be set to 0.5 later
+            hyperparameters[LEARNING_RATE] = float(rate)
+        # optax would hold the hyperparameters in the parameters' dtype: in bfloat16,
+        # adam's b2=0.999 rounds to 1.0 and the first step gives NaN. float32 holds them
+        # well, and (unlike float64 with x64 on) keeps a float32 model's math in float32.
+        dtype = hyperparameters.pop("hyperparam_dtype", jnp.float32)
+        built = optax.inject_hyperparams(
+            factory, static_args=static_args(hyperparameters), hyperparam_dtype=dtype
+        )(**hyperparameters)
+        if hasattr(built, "init") and hasattr(built, "update"):
+            return built
+    raise TypeError(
+        "Expected an optax.GradientTransformation such as optax.adam(1e-3), or a factory "
+        f"such as optax.adam with its hyperparameters as keywords; got {type(tx).__name__}"
+    )
+
+
+def static_args(hyperparameters: dict[str, Any]) -> tuple[str, ...]:
+    """The callable hyperparameters that are not schedules, which `optax.inject_hyperparams`
+    would call with the step count: dtypes (``mu_dtype=jnp.bfloat16``) and masks
+    (``mask=``, ``weight_decay_mask=``: functions of the parameters)."""
+    return tuple(
+        name
+        for name, value in hyperparameters.items()
+        if callable(value) and (isinstance(value, type) or name.endswith("mask"))
+    )
+
+
+def state_placements(
+    params: tuple[Variable, ...], owners: tuple[int | None, ...], leaves: list[Any]
+) -> list[Any]:
+    """Where each state variable goes: a leaf of its parameter's shape takes the parameter's
+    sharding; any other leaf (a count, a scalar) is replicated on the parameters' mesh.
+    Without a parameter over several devices, a leaf of a placed (committed) parameter
+    goes to its device; any other leaf (a count, or the state of a parameter placed
+    nowhere) where the placed parameters are when they share one device (`_home`), else
+    nowhere (None)."""
+    spread = [p.sharding for p in params if is_multi_device(p.sharding)]
+    if not spread:
+        home = home_of(params)
+        return [
+            params[owner]._value.sharding
+            if owner is not None and params[owner]._value.committed
+            else home
+            for owner in owners
+        ]
+    placements = []
+    for owner, leaf in zip(owners, leaves, strict=True):
+        param = params[owner] if owner is not None else None
+        if param is not None and tuple(np.shape(leaf)) == param.shape:
+            placements.append(param.sharding)
+        else:
+            placements.append(replicated(param.sharding if param is not None else spread[0]))
+    return placements
+
+
+def home_of(params: tuple[Variable, ...]) -> jax.sharding.Sharding | None:
+    """Where an optimizer's own scalars (its step count) go: the parameters' one placement
+    when every placed (committed) parameter shares it, as TensorFlow colocates slots with
+    their variables; None (placed nowhere) otherwise."""
+    placed = {p._value.sharding for p in params if p._value.committed}
+    return placed.pop() if len(placed) == 1 else None
+
+
+def placed_gradient(gradient: Any, param: Variable) -> Any:
+    """A gradient committed elsewhere than its parameter is copied to the parameter's
+    sharding, so that the compiled update runs where the parameter lives."""
+    if isinstance(gradient, jax.Array) and not isinstance(gradient, Tracer):
+        sharding = param._value.sharding
+        if gradient.committed and gradient.sharding != sharding:
+            if gradient.shape == param.shape:
+                return jax.device_put(gradient, sharding)
+    return gradient

@@ -60,7 +60,20 @@ def reshard(
       >>> placed["kernel"].spec, placed["bias"].spec
       (P(None, 'model'), P())
     """
-    compiled = _placement.compile_rules(rules)
+    planned, by_name = _plan(target, _placement.compile_rules(rules), _mesh_for(mesh))
+    for variable, (_, sharding) in planned.items():
+        if variable.sharding != sharding:
+            variable.reshard(sharding)
+    return by_name
+
+
+def _mesh_for(mesh: Any) -> jax.sharding.Mesh:
+    """``mesh``, or the innermost `statevar.mesh` scope's.
+
+    Raises:
+      PlacementError: if there is neither.
+      TypeError: if ``mesh`` is not a Mesh.
+    """
     if mesh is None:
         scope = _placement.current_mesh()
         if scope is None:
@@ -68,9 +81,22 @@ def reshard(
                 "statevar.reshard needs a mesh: pass mesh=, or call it inside "
                 "`with statevar.mesh(mesh):`"
             )
-        mesh = scope.mesh
-    elif not isinstance(mesh, jax.sharding.Mesh):
+        return scope.mesh
+    if not isinstance(mesh, jax.sharding.Mesh):
         raise TypeError(f"Expected mesh= to be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    return mesh
+
+
+def _plan(
+    target: Any, compiled: Any, mesh: jax.sharding.Mesh
+) -> tuple[dict[Variable, tuple[str, jax.sharding.Sharding]], dict[str, jax.sharding.Sharding]]:
+    """Where each variable of ``target`` goes, by the rules for its name, and the sharding
+    of each name; checks everything before any variable moves.
+
+    Raises:
+      ValueError: if two variables of one name would be sharded differently.
+      PlacementError: if a sharding does not fit its variable.
+    """
     # By variable: two variables may share a name (two Modules' "kernel"); each moves, by
     # the rules for its name.
     planned: dict[Variable, tuple[str, jax.sharding.Sharding]] = {}
@@ -95,7 +121,4 @@ def reshard(
                 "hold them in distinct Modules under a dict's keys"
             )
         planned[variable] = (name, sharding)
-    for variable, (_, sharding) in planned.items():
-        if variable.sharding != sharding:
-            variable.reshard(sharding)
-    return by_name
+    return planned, by_name

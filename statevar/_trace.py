@@ -33,7 +33,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import jax
 from jax import lax
@@ -45,8 +45,16 @@ from ._state import enter_trace_frame, exit_trace_frame
 
 Result = TypeVar("Result")
 
-if TYPE_CHECKING:
-    from ._variable import Variable
+
+class Lifted(Protocol):
+    """A variable as frames see it (`statevar.Variable`, a higher floor): a hashable cell
+    known by its name."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __hash__(self) -> int: ...
+
 
 # This thread's stack of open frames (``.stack``), private to this module. How many are open
 # in all threads is `_state.open_trace_frames`, which reads and updates test first (the
@@ -142,26 +150,26 @@ class Frame:
         the frame traces again with refs for them (outermost frames only).
     """
 
-    def __init__(self, kind: str, values: dict[Variable, Any], refs: dict[Variable, Any]):
+    def __init__(self, kind: str, values: dict[Any, Any], refs: dict[Any, Any]):
         self.kind = kind
         self.values = values
         self.refs = refs
-        self.differentiated: frozenset[Variable] = (
+        self.differentiated: frozenset[Any] = (
             frozenset(values) if kind == "grad" else frozenset()
         )
-        self.written: dict[Variable, None] = {}
-        self.unlifted: dict[Variable, None] = {}
-        self.wanted_refs: dict[Variable, None] = {}
+        self.written: dict[Any, None] = {}
+        self.unlifted: dict[Any, None] = {}
+        self.wanted_refs: dict[Any, None] = {}
         # The variables moved into refs while the frame traced (see `_lift_into_ref`).
-        self.lifted_refs: dict[Variable, None] = {}
+        self.lifted_refs: dict[Any, None] = {}
         # For each variable read as a plain value under a loop's trace, the ids of those
         # loop traces (see `_lift_into_ref`).
-        self._loop_reads: dict[Variable, set[int]] = {}
+        self._loop_reads: dict[Any, set[int]] = {}
         # The variables in `refs` written while the frame traced (the others keep the
         # value they were given).
-        self.ref_written: dict[Variable, None] = {}
+        self.ref_written: dict[Any, None] = {}
         # Reads under a while_loop's cond_fun: (the trace the loop was called in, variable).
-        self._while_reads: list[tuple[Any, Variable]] = []
+        self._while_reads: list[tuple[Any, Any]] = []
         self._state: Any = None
         self._trace: Any = None
         # The values of the frame context entered (see `_frame_context`), the latest last,
@@ -234,7 +242,7 @@ def outermost() -> Frame | None:
     return stack[0] if stack else None
 
 
-def read(var: Variable) -> Any | None:
+def read(var: Lifted) -> Any | None:
     """Returns ``var``'s traced value in this thread's frames, or None to read it eagerly.
 
     A jit frame that has not lifted ``var`` records it as unlifted, so `statevar.jit` can
@@ -274,7 +282,7 @@ def read(var: Variable) -> Any | None:
     return None
 
 
-def write(var: Variable, value: Any, operation: str) -> None:
+def write(var: Lifted, value: Any, operation: str) -> None:
     """Records an assignment to ``var`` made while a frame traces.
 
     At the innermost frame's own level the value replaces the frame's. Under a nested
@@ -343,7 +351,7 @@ def write(var: Variable, value: Any, operation: str) -> None:
         raise NeedsRefs(owner)
 
 
-def prepare_update(var: Variable, operation: str) -> None:
+def prepare_update(var: Lifted, operation: str) -> None:
     """Called by an update that reads ``var`` to compute its new value (``assign_add``,
     ``v[i] = x``) while a frame traces, before it reads: an update under a nested
     transformation moves ``var`` into a ref first (see `_lift_into_ref`), so that the read
@@ -357,7 +365,7 @@ def prepare_update(var: Variable, operation: str) -> None:
         _lift_into_ref(stack, var, operation)
 
 
-def _lift_into_ref(stack: list[Frame], var: Variable, operation: str) -> bool:
+def _lift_into_ref(stack: list[Frame], var: Lifted, operation: str) -> bool:
     """Moves ``var`` into a `jax.Ref` made at its `statevar.jit` frame's own level from the
     value it holds there, for a write under a nested transformation; returns whether it did.
 
@@ -394,7 +402,7 @@ def _lift_into_ref(stack: list[Frame], var: Variable, operation: str) -> bool:
     return True
 
 
-def _note_nested_read(frame: Frame, var: Variable) -> None:
+def _note_nested_read(frame: Frame, var: Lifted) -> None:
     """Records a read of ``frame``'s plain value of ``var`` under a nested transformation:
     in a loop's function (see `_lift_into_ref`) or a while loop's cond_fun (see
     `_nesting.check_nested_write`), and as a closure JAX may cache (see `_note_closure`)."""
@@ -420,10 +428,10 @@ class NeedsRefs(Exception):
 
 
 def trace_with_refs(
-    make_frame: Callable[[tuple[Variable, ...]], Frame],
+    make_frame: Callable[[tuple[Any, ...]], Frame],
     run: Callable[[Frame], Result],
-    refs: tuple[Variable, ...] = (),
-) -> tuple[Result | None, Frame, tuple[Variable, ...]]:
+    refs: tuple[Any, ...] = (),
+) -> tuple[Result, Frame, tuple[Any, ...]]:
     """Runs ``run`` on a frame ``make_frame(refs)`` holds ``refs`` in refs, and again on one
     holding more while the trace writes a variable without a ref under a nested
     transformation (the frame's `Frame.wanted_refs`, or `NeedsRefs` stopping it): the
@@ -431,19 +439,18 @@ def trace_with_refs(
     refs. (A `statevar.jit` frame's trace goes on: its step traces again, see `_jit`.)
 
     Returns:
-      What the last run returned (None if ``run`` made no frame of its own), its frame, and
-      the refs it held.
+      What the last run returned, its frame, and the refs it held.
     """
     while True:
         frame = make_frame(refs)
         try:
-            result: Result | None = run(frame)
+            result = run(frame)
         except NeedsRefs as stop:
             if stop.owner is not frame:
                 raise  # an enclosing frame owns the write: it traces again
-            result = None
-        if not frame.wanted_refs:
-            return result, frame, refs
+        else:
+            if not frame.wanted_refs:
+                return result, frame, refs
         refs = tuple(dict.fromkeys((*refs, *frame.wanted_refs)))
 
 

@@ -60,6 +60,20 @@ def test_the_import_graph_has_no_cycle():
     assert order[-1] == "__init__"  # the package imports everything; nothing imports it
 
 
+def test_no_module_imports_a_higher_one_even_for_type_checkers():
+    # A lower floor that needs a higher type names it by a Protocol instead.
+    for path in sorted(PACKAGE.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for block in tree.body:
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test):
+                relative = [
+                    node
+                    for node in ast.walk(block)
+                    if isinstance(node, ast.ImportFrom) and node.level == 1
+                ]
+                assert not relative, f"{path.name} imports statevar modules for type checkers"
+
+
 def test_the_foundations_import_nothing_above_them():
     graph, _ = _graph()
     # Errors and the signal guard import no statevar module, the shared state only the C
