@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import jax
 
-from . import _state
+from ._state import STATE
 
 _clearers: list[Callable[[], None]] = []
 CachedFunction = TypeVar("CachedFunction", bound=Any)
@@ -51,8 +51,8 @@ def clear_caches() -> None:
       >>> float(v)
       3.0
     """
-    with _state.update_lock:
+    with STATE.update_lock:
         for clear in _clearers:
             clear()
-        _state.forget_compiled_updates()
+        STATE.forget_compiled_updates()
         jax.clear_caches()

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _state, _trace
+from . import _trace
 from ._errors import (
     CheckpointCorruptedError,
     CheckpointMismatchError,
@@ -51,6 +51,7 @@ from ._matching import match_checkpoint
 from ._module import Module
 from ._placement import put
 from ._signals import held_signals
+from ._state import STATE
 from ._tree import has_named_variables, named_targets
 from ._variable import Variable
 
@@ -154,7 +155,7 @@ def _snapshot(variables: dict[str, Variable]) -> tuple[list[dict[str, Any]], dic
     # All read under one hold of the lock: a step another thread runs lands before the
     # checkpoint or after it, never between two of its variables. (A read value stays
     # valid: the checksums are computed after the lock is released.)
-    with _state.update_lock:
+    with STATE.update_lock:
         values = [variable.value for variable in variables.values()]
     for name, value in zip(variables, values, strict=True):
         key = None if value.size == 0 else str(len(arrays))
@@ -176,15 +177,15 @@ def _write_data(path: pathlib.Path, arrays: dict[str, jax.Array]) -> None:
 
 def directory_lock(directory: pathlib.Path, action: str) -> Any:
     """The lock this process's saves into and restores from ``directory`` hold, one at a
-    time (see `_state.checkpoint_locks`).
+    time (see `ProcessState.checkpoint_locks`).
 
     Raises:
       StatevarError: if this thread holds it already: a signal handler saving or
         restoring while the save or restore it interrupted, of the same directory, is
         under way (waiting would never end).
     """
-    with _state.checkpoint_locks_guard:
-        lock = _state.checkpoint_locks.setdefault(str(directory.resolve()), threading.RLock())
+    with STATE.checkpoint_locks_guard:
+        lock = STATE.checkpoint_locks.setdefault(str(directory.resolve()), threading.RLock())
     if lock._is_owned():  # pyright: ignore[reportAttributeAccessIssue]
         raise StatevarError(
             f"Cannot {action} {str(directory)!r} in a signal handler that interrupted a save "
@@ -432,7 +433,7 @@ def _restore(
         match, placed = _read_restored(checkpoint, target, partial, shown)
     # All or nothing: a step another thread runs lands before the restore or after it, and
     # a signal (Ctrl-C) arriving meanwhile is raised once every variable is restored.
-    with _state.update_lock, held_signals():
+    with STATE.update_lock, held_signals():
         for variable, value in placed:
             variable.assign(value)
     logger.log(*match.report(shown))

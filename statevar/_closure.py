@@ -12,12 +12,12 @@ import inspect
 import types
 from typing import Any, cast
 
-from ._state import compiled_functions
+from ._state import STATE
 from ._variable import Variable
 
-# `compiled_functions` holds what `statevar.jit` returned, to follow into the function each
-# compiles. A wrapper made with functools.wraps copies a compiled function's attributes, so
-# membership, not an attribute, tells them apart.
+# `ProcessState.compiled_functions` holds what `statevar.jit` returned, to follow into the
+# function each compiles. A wrapper made with functools.wraps copies a compiled function's
+# attributes, so membership, not an attribute, tells them apart.
 
 
 def closure_variables(fn: Any) -> list[Variable]:
@@ -52,7 +52,9 @@ def _collect(obj: Any, depth: int, home: str | None, found: dict, seen: set[int]
     elif isinstance(obj, types.MethodType):
         _collect(obj.__self__, depth + 1, home, found, seen)
         _collect(obj.__func__, depth + 1, home, found, seen)
-    elif isinstance(obj, (types.FunctionType, functools.partial)) and obj in compiled_functions:
+    elif isinstance(obj, (types.FunctionType, functools.partial)) and (
+        obj in STATE.compiled_functions
+    ):
         _collect(cast(Any, obj).jit_function._fn, depth + 1, home, found, seen)
     elif isinstance(obj, functools.partial):
         for part in (obj.func, obj.args, obj.keywords):

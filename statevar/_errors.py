@@ -56,7 +56,7 @@ class CheckpointCorruptedError(StatevarError, ValueError):
 
 def interrupted_update_error(action: str) -> StatevarError:
     """The error for an update (``action``: ``"assign to Variable 'w'"``) that a signal
-    handler makes while the update it interrupted is donating (see `_state.donating`)."""
+    handler makes while the update it interrupted is donating (see `ProcessState.donating`)."""
     return StatevarError(
         f"Cannot {action} in a signal handler that interrupted an update: the interrupted "
         "update stores its result when the handler returns, over this one. Have the "

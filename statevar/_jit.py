@@ -11,7 +11,7 @@ from typing import Any, cast, overload
 
 import jax
 
-from . import _caches, _placement, _state, _trace, _variable
+from . import _caches, _placement, _trace, _variable
 from ._closure import closure_variables
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError, interrupted_update_error
@@ -25,13 +25,11 @@ from ._jit_cache import (
     under_transformation,
 )
 from ._signals import held_signals
+from ._state import STATE
 from ._tree import Node
 from ._typing import Compiled, Params, Result
 from ._variable import Variable
 from ._warm_call import Miss, warm_call
-
-_compile_epoch = _state.compile_epoch  # a one-item list, changed in place
-_concrete_argument_types = _state.concrete_argument_types  # a set, added to in place
 
 
 def _commit_to_arguments(entry: Entry, dynamic: tuple[Any, ...]) -> None:
@@ -43,7 +41,7 @@ def _commit_to_arguments(entry: Entry, dynamic: tuple[Any, ...]) -> None:
     from a committed array), and a variable committed only by them would make the next
     call compile again. Committing starts a compile epoch for the other steps lifting
     the variable; ``entry``, about to be traced and compiled for the committed arrays,
-    takes it as its own. Call it under `_state.update_lock`, after the placement check.
+    takes it as its own. Call it under `ProcessState.update_lock`, after the placement check.
     """
     lifted = entry.lifted
     if not any(map(_placement.is_committed, dynamic)) and not any(
@@ -54,7 +52,7 @@ def _commit_to_arguments(entry: Entry, dynamic: tuple[Any, ...]) -> None:
     for variable in uncommitted:
         variable._replace_array(_placement.put(variable._value, variable._value.sharding))
     if uncommitted and _variable.compile_flags(lifted) == entry.flags:
-        entry.epoch = _compile_epoch[0]
+        entry.epoch = STATE.compile_epoch
 
 
 class JitFunction:
@@ -119,7 +117,7 @@ class JitFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the function: the general path, which `jit`'s function takes unless
         an earlier call with the same kind of arguments left an entry it finds directly."""
-        if _state.open_trace_frames and _trace.innermost() is not None:
+        if STATE.open_trace_frames and _trace.innermost() is not None:
             # Inside another statevar.jit or statevar.grad: run inline, in its trace.
             return self._fn(*args, **kwargs)
         return self._run(*self._prepare(args, kwargs))
@@ -176,8 +174,8 @@ class JitFunction:
     def _run(self, key: Any, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables'
         arrays: the warm call, or the first call of an entry (see `_first_call`)."""
-        if entry.epoch != _compile_epoch[0]:
-            if _state.stale(entry.lifted, entry.structure):
+        if entry.epoch != STATE.compile_epoch:
+            if STATE.stale(entry.lifted, entry.structure):
                 # A Module let go of a variable this step lifted (or came to hold variables
                 # where it held none): traced again from scratch, so that the trace reaches
                 # what the Modules hold now (what earlier traces found, `extra`, may be
@@ -188,7 +186,7 @@ class JitFunction:
                 entry = self._compile(entry.split, entry.extra, entry.refs)
                 self._cache.entries[key] = entry
             else:
-                entry.epoch, entry.call = _compile_epoch[0], None
+                entry.epoch, entry.call = STATE.compile_epoch, None
         found = entry.last_found
         if found is not None and found.needs_retrace:
             entry = self._retrace(key, entry, found)  # JAX traced it again for new shapes
@@ -236,10 +234,10 @@ class JitFunction:
         some), then runs it as the warm call does, holding signal handlers: JAX's first
         call runs Python code after donating."""
         box = Box()
-        with _state.update_lock:
-            if _state.donating[0]:
+        with STATE.update_lock:
+            if STATE.donating:
                 # In a signal handler that interrupted a donating update (see
-                # `_state.donating`), which would store its result over this step's.
+                # `ProcessState.donating`), which would store its result over this step's.
                 raise self._interrupted()
             try:
                 entry, arrays, originals, found = self._trace(key, entry, dynamic, donating=True)
@@ -266,7 +264,7 @@ class JitFunction:
                         # The step committed what it computed (a sharding constraint, a
                         # committed constant): every compiled step's next call, and each
                         # variable's next eager update, run as first calls.
-                        _state.bump_compile_epoch()
+                        STATE.bump_compile_epoch()
             except Exception as error:
                 raise self._failed_call(entry.lifted, arrays, error, dynamic) from error
             retraced = entry.last_found  # JAX traced again rather than reuse the trace
@@ -346,7 +344,7 @@ class JitFunction:
 
     def _interrupted(self) -> StatevarError:
         """The error for a call made by a signal handler that interrupted a donating update
-        (see `_state.donating`)."""
+        (see `ProcessState.donating`)."""
         return interrupted_update_error(f"call the statevar.jit function {self.__name__!r}")
 
     def _is_static(self, treedef: Any, position: int) -> bool:
@@ -391,7 +389,7 @@ def _wrap(wrapper: Any, fn: Any) -> Any:
 @_caches.register
 def _clear_compiled_steps() -> None:
     """Drops the entries of every `statevar.jit` function (see `statevar.clear_caches`)."""
-    for compiled in list(_state.compiled_functions):
+    for compiled in list(STATE.compiled_functions):
         compiled.jit_function._cache.clear()
 
 
@@ -400,10 +398,10 @@ def _calling(compiled: JitFunction) -> Callable[..., Any]:
     everything they use bound once; anything else goes to `JitFunction.__call__`."""
     run, general, missed = compiled._run, compiled.__call__, compiled._missed
     entries, find = compiled._cache.entries, compiled._cache.find
-    accepts = _concrete_argument_types.issuperset
+    accepts = STATE.concrete_argument_types.issuperset
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs and not _state.open_trace_frames:
+        if not kwargs and not STATE.open_trace_frames:
             if accepts(map(type, args)):
                 # Fast path for the common step(x, y): only concrete arrays and scalars, so
                 # the key needs no flatten and no argument can be a tracer. Only calls
@@ -503,12 +501,12 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         # A plain function gives a plain function: it binds as a method, Python calls it
         # fastest, and a deep copy shares it, as it shares any function.
         call.jit_function, call._jit_kwargs, call.lower = compiled, jit_kwargs, compiled.lower
-        _state.compiled_functions.add(call)
+        STATE.compiled_functions.add(call)
         return _wrap(call, fn)
     # A bound method (an Optimizer's, say), a partial or a callable object belongs to an
     # instance: a deep copy of that instance must get a function compiled for the copy.
     wrapper = _wrap(CompiledFunction(call, compiled, jit_kwargs), fn)
-    _state.compiled_functions.add(wrapper)
+    STATE.compiled_functions.add(wrapper)
     return wrapper
 
 

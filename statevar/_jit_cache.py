@@ -31,16 +31,15 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _state, _trace, _update, _variable
+from . import _trace, _update, _variable
 from ._convert import Tracer
 from ._errors import TraceContextError
+from ._state import STATE
 from ._tree import Node, Structure, is_state, read_variables, variables_and_structure
 from ._variable import Variable
 
 # Bound once: `Entry.arrays` runs on every trace.
 _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
-_compile_epoch = _state.compile_epoch  # a one-item list, changed in place
-_concrete_argument_types = _state.concrete_argument_types  # a set, added to in place
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
@@ -103,8 +102,8 @@ class Entry:
       jitted: the `jax.jit` of the pure function.
       flags: `_variable.compile_flags` of ``lifted`` when traced; checked again whenever
         a trainable flag or a sharding changed anywhere (a new ``epoch``).
-      structure: `_state.structure_epoch` when made: a Module that let go of a variable
-        the entry lifts since makes a new entry, traced again (see `_state.stale`).
+      structure: `ProcessState.structure_epoch` when made: a Module that let go of a variable
+        the entry lifts since makes a new entry, traced again (see `ProcessState.stale`).
       call: the lean warm call (see `_warm_call.warm_call`), once the entry has run; None
         before.
     """
@@ -138,14 +137,14 @@ class Entry:
         # place (JAX would otherwise prune the unread argument and its donation).
         self.jitted = jax.jit(pure, donate_argnums=0, **{"keep_unused": True, **jit_kwargs})
         self.flags = _variable.compile_flags(lifted)
-        self.epoch = _compile_epoch[0]
-        self.structure = _state.structure_epoch[0]
+        self.epoch = STATE.compile_epoch
+        self.structure = STATE.structure_epoch
         self.call: Callable[[tuple[Any, ...]], Any] | None = None
 
     def arrays(self) -> tuple[list[jax.Array], list[jax.Array]]:
         """The lifted variables' arrays ready to donate (each held by its variable alone, or
         a copy: an array read earlier stays valid), and their own arrays, to put back if the
-        call turns out to be traced. Call it under `_state.update_lock`."""
+        call turns out to be traced. Call it under `ProcessState.update_lock`."""
         arrays = [v._value for v in self.lifted]
         # One pass in C for the common case: every array held by its variable alone.
         if sum(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP * len(arrays):
@@ -393,7 +392,7 @@ def split_call(
         if isinstance(leaf, _ARRAY_TYPES) and not is_static(treedef, position):
             if isinstance(leaf, Tracer):
                 raise under_transformation(name)
-            _concrete_argument_types.add(type(leaf))
+            STATE.concrete_argument_types.add(type(leaf))
             dynamic.append(leaf)
             continue
         if isinstance(leaf, Variable):

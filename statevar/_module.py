@@ -6,7 +6,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from . import _state
+from ._state import STATE
 from ._summary import module_repr, summary
 from ._tree import Node, label, named_variables, walk
 from ._variable import Variable
@@ -68,7 +68,7 @@ class Module(Node):
         old = self.__dict__.get(name)
         super().__setattr__(name, value)
         if existed and old is not value:
-            # A compiled step traced before may read what was there: see `_state.stale`.
+            # A compiled step traced before may read what was there: see `ProcessState.stale`.
             _record_change(old, value)
         if isinstance(value, (Variable, Module, list, tuple, dict)):
             # Unnamed variables are known by their path as soon as they are assigned: a
@@ -166,14 +166,14 @@ class Module(Node):
 def _record_change(old: Any, new: Any) -> None:
     """Records, for compiled steps, that a Module attribute held ``old`` and now holds
     ``new``: the variables it let go of, or variables where it held none (see
-    `_state.record_structure_change`). Setting an attribute to what holds the same
+    `ProcessState.record_structure_change`). Setting an attribute to what holds the same
     variables (a new list of them) changes nothing."""
     before = _variables_in(old)
     after = _variables_in(new)
     let_go = [variable for key, variable in before.items() if key not in after]
     added = not before and bool(after)
     if let_go or added:
-        _state.record_structure_change(let_go, added)
+        STATE.record_structure_change(let_go, added)
 
 
 def _variables_in(value: Any) -> dict[int, Variable]:

@@ -29,10 +29,11 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _caches, _placement, _state, _trace, _update, _updating
+from . import _caches, _placement, _trace, _update, _updating
 from ._convert import broadcasts_to, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from ._per_replica import PerReplica
+from ._state import STATE
 from ._update import Operation
 from ._variable import Variable
 from ._view import read_operand
@@ -358,7 +359,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
         read earlier stay valid. As atomic as `Variable._update` with respect to
         exceptions raised at any bytecode.
         """
-        if _state.open_trace_frames and _trace.innermost() is not None:
+        if STATE.open_trace_frames and _trace.innermost() is not None:
             return self._update_traced(operation, value, index)
         layout = self._layout
         if isinstance(value, PerReplica):
@@ -459,17 +460,17 @@ class OnReadVariable(Variable, synchronization="on_read"):
             sharding = jax.sharding.SingleDeviceSharding(sharding)
         target = _placement.resolve_sharding(sharding, self.shape, action)
         placed = layout(action, target, self._aggregation)
-        if _state.open_trace_frames and _trace.innermost() is not None:
+        if STATE.open_trace_frames and _trace.innermost() is not None:
             raise TraceContextError(
                 f"{action} inside statevar.jit or statevar.grad: reshard it before the "
                 "compiled step"
             )
-        with _state.update_lock:  # an update in another thread lands before the copy or after
+        with STATE.update_lock:  # an update in another thread lands before the copy or after
             new = initializer(placed)(_placement.put(self._read(), target))
             # As `Variable.reshard`: forgotten, and a new compile epoch started, before the
             # store.
             self._forget_compiled()
-            _state.bump_compile_epoch()
+            STATE.bump_compile_epoch()
             self._layout = placed
             self._replace_array(new)
         _placement.log(self.name, "reshard", target)

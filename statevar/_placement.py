@@ -23,8 +23,8 @@ from jax.sharding import (
     SingleDeviceSharding,
 )
 
-from . import _state
 from ._errors import PlacementError
+from ._state import STATE
 
 # jax.Device is a class at run time, but jaxlib ships no stub for it and pyright reads the
 # alias as a variable: each annotation naming it carries an ignore for that alone.
@@ -41,7 +41,6 @@ class PlacementWarning(UserWarning):
 
 
 # The process-wide placement settings (see `_state`).
-_settings = _state.placement_settings
 # This thread's stack of `device` and `mesh` scopes (``.stack``), private to this module.
 _thread_scopes = threading.local()
 
@@ -56,7 +55,7 @@ def set_soft_device_placement(enabled: bool) -> None:
     Args:
       enabled: whether to fall back to the default device.
     """
-    _settings.soft_placement = bool(enabled)
+    STATE.soft_placement = bool(enabled)
 
 
 def set_log_device_placement(enabled: bool) -> None:
@@ -68,7 +67,7 @@ def set_log_device_placement(enabled: bool) -> None:
     Args:
       enabled: whether to log.
     """
-    _state.set_log_placement(bool(enabled))
+    STATE.set_log_placement(bool(enabled))
 
 
 def describe(device: jax.Device) -> str:  # pyright: ignore[reportInvalidTypeForm]
@@ -120,7 +119,7 @@ def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> j
     if index < len(devices):
         return devices[index]
     subject = f"{what} on " if what else ""
-    if not _settings.soft_placement:
+    if not STATE.soft_placement:
         raise PlacementError(
             f"Cannot place {subject}{spec!r}: no such device. Available devices: "
             f"{_available()}. Call statevar.set_soft_device_placement(True) to fall back "
@@ -488,7 +487,7 @@ def check_same_devices(
 
 def log(name: str, operation: str, placed_on: jax.Device | Sharding) -> None:  # pyright: ignore[reportInvalidTypeForm]
     """Logs a placement when placement logging is on."""
-    if _settings.log_placement:
+    if STATE.log_placement:
         if isinstance(placed_on, Sharding) and not is_multi_device(placed_on):
             placed_on = next(iter(placed_on.device_set))
         where = describe(placed_on) if isinstance(placed_on, jax.Device) else placed_on

@@ -41,7 +41,7 @@ from jax.extend.core import find_top_trace, get_opaque_trace_state, set_current_
 
 from . import _nesting
 from ._errors import TraceContextError
-from ._state import enter_trace_frame, exit_trace_frame
+from ._state import STATE
 
 Result = TypeVar("Result")
 
@@ -57,8 +57,8 @@ class Lifted(Protocol):
 
 
 # This thread's stack of open frames (``.stack``), private to this module. How many are open
-# in all threads is `_state.open_trace_frames`, which reads and updates test first (the
-# eager hot path tests `_state.hot_epoch`, which it keeps off while any frame is open).
+# in all threads is `ProcessState.open_trace_frames`, which reads and updates test first (the
+# eager hot path tests `ProcessState.hot_epoch`, which it keeps off while any frame is open).
 _thread_frames = threading.local()
 
 
@@ -154,9 +154,7 @@ class Frame:
         self.kind = kind
         self.values = values
         self.refs = refs
-        self.differentiated: frozenset[Any] = (
-            frozenset(values) if kind == "grad" else frozenset()
-        )
+        self.differentiated: frozenset[Any] = frozenset(values) if kind == "grad" else frozenset()
         self.written: dict[Any, None] = {}
         self.unlifted: dict[Any, None] = {}
         self.wanted_refs: dict[Any, None] = {}
@@ -184,7 +182,7 @@ class Frame:
         self._state = get_opaque_trace_state()
         self._trace = find_top_trace(())
         _stack().append(self)
-        enter_trace_frame()
+        STATE.enter_trace_frame()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -197,7 +195,7 @@ class Frame:
             # Under a new generation if a function that closed over this frame's values is
             # alive (see `_frame_context`).
             stack[-1]._enter_generation()
-        exit_trace_frame()
+        STATE.exit_trace_frame()
         error = exc_info[1]
         if isinstance(error, NotImplementedError) and "vmap-of-cond" in str(error) and self.refs:
             # Under jax.vmap, a cond or switch on a batched predicate runs both branches and

@@ -15,18 +15,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _placement, _state, _trace, _update
+from . import _placement, _trace, _update
 from ._convert import check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, interrupted_update_error
 from ._signals import held_signals
+from ._state import STATE
 from ._update import ASSIGN, Operation
 from ._view import read_operand
 
 _SOLE_HOLDER_WITH_LOCAL, _getrefcount = _update.SOLE_HOLDER_WITH_LOCAL, sys.getrefcount
-_update_lock = _state.update_lock
-_donating = _state.donating
-_placement_settings = _state.placement_settings
-_compiled_updates_generation = _state.compiled_updates_generation
+_update_lock = STATE.update_lock
 # Each eager update's place in a variable's `_hot_avals` (see `Variable._open_hot_path`).
 HOT_SLOTS = {_update.ASSIGN: 0, _update.ASSIGN_ADD: 1, _update.ASSIGN_SUB: 2}
 
@@ -68,7 +66,7 @@ def update(variable: Any, operation: Operation, value: Any, index: tuple | None 
     else:
         signature = None
     del current
-    if _state.open_trace_frames and _trace.innermost() is not None:
+    if STATE.open_trace_frames and _trace.innermost() is not None:
         return record_traced(variable, operation, value, index)
     if signature is None:
         signature = _update.signature(operation, value, index)
@@ -82,7 +80,7 @@ def update(variable: Any, operation: Operation, value: Any, index: tuple | None 
         donating, copying = operation.donating, operation.copying
     operands = (value,) if index is None else (value, *index)
     run_kernel(variable, operation, (donating, copying), signature, value, operands)
-    if _placement_settings.log_placement:
+    if STATE.log_placement:
         _placement.log(variable.name, operation.name, variable.device)
     return variable
 
@@ -104,29 +102,29 @@ def run_kernel(
 
     Raises:
       StatevarError: in a signal handler that interrupted a donating update (see
-        `_state.donating`).
+        `ProcessState.donating`).
     """
     with _update_lock:
-        if _donating[0]:
+        if STATE.donating:
             raise interrupted_update_error(f"{operation.phrase} Variable '{variable.name}'")
         try:
-            # Set before the reference count is read (see `_state.donating`).
-            _donating[0] = True
+            # Set before the reference count is read (see `ProcessState.donating`).
+            STATE.donating = True
             _run_kernel_locked(variable, operation, kernels, signature, value, operands)
         finally:
-            _donating[0] = False
+            STATE.donating = False
 
 
 def _run_kernel_locked(
     variable: Any, operation: Operation, kernels: tuple, signature: Any, value: Any, operands: tuple
 ) -> None:
-    """`run_kernel`'s body, under the update lock, with `_state.donating` set."""
+    """`run_kernel`'s body, under the update lock, with `ProcessState.donating` set."""
     donating, copying = kernels
     old = variable._value
     shared = _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL
     kernel = copying if shared else donating
     key = compiled_key(signature, committed=old.committed)
-    if variable._compiled_generation != _compiled_updates_generation[0]:
+    if variable._compiled_generation != STATE.compiled_updates_generation:
         variable._forget_compiled()  # `statevar.clear_caches` dropped them
     first = key not in variable._compiled
     if not old.committed and any(map(_placement.is_committed, operands)):
@@ -134,7 +132,7 @@ def _run_kernel_locked(
         # committed. The new compile epoch starts before the store, so that no
         # exception can leave it committed in the epoch its hot path and compiled
         # steps were opened in.
-        _state.bump_compile_epoch()
+        STATE.bump_compile_epoch()
     try:
         if first:
             check_operation(variable, operation)
@@ -157,7 +155,7 @@ def _run_kernel_locked(
         variable._compiled.add(key)
     if variable._value.committed is not old.committed:
         # Committed some other way (not expected: see above); still a new epoch.
-        _state.bump_compile_epoch()
+        STATE.bump_compile_epoch()
     elif not shared and signature == operation.name:
         slot = HOT_SLOTS.get(operation)
         if slot is not None:

@@ -11,9 +11,10 @@ from typing import Any, TypeAlias
 import jax
 import jax.extend.core
 
-from . import _creation, _indexing, _placement, _state, _trace, _update, _updating
+from . import _creation, _indexing, _placement, _trace, _update, _updating
 from ._errors import TraceContextError
 from ._operators import RefusedInPlace
+from ._state import STATE
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, Operation
 from ._updating import HOT_SLOTS
 from ._view import Readable, traced_update_error
@@ -23,11 +24,8 @@ from ._view import Readable, traced_update_error
 _SOLE_HOLDER_WITH_LOCAL, _getrefcount = _update.SOLE_HOLDER_WITH_LOCAL, sys.getrefcount
 _starmap = itertools.starmap
 _consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
-_update_lock = _state.update_lock
+_update_lock = STATE.update_lock
 _acquire, _release = _update_lock.acquire, _update_lock.release
-_donating = _state.donating
-_compile_epoch = _state.compile_epoch
-_compiled_updates_generation = _state.compiled_updates_generation
 # The type of a concrete array, as the eager hot path checks it: recorded when a hot path
 # first opens (`Variable._open_hot_path`), so that importing statevar starts no JAX backend.
 _array_type: type | None = None
@@ -92,14 +90,14 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                 and value.aval is self._hot_avals[slot]  # type: ignore[union-attr]
                 and not value._committed  # type: ignore[union-attr]
                 # not a new compile epoch, no trace frame open, placements not logged
-                and self._hot_epoch == _state.hot_epoch
+                and self._hot_epoch == STATE.hot_epoch
                 # not in a signal handler that interrupted a donation (see `_run_kernel`)
-                and not _donating[0]
+                and not STATE.donating
             ):
                 try:
                     # Set before the reference count is read: a signal handler running
-                    # from here to the store reads a copy (see `_state.donating`).
-                    _donating[0] = True
+                    # from here to the store reads a copy (see `ProcessState.donating`).
+                    STATE.donating = True
                     # The iterator that the unpacking assignment consumes makes the call:
                     # Python checks for signals at calls and loops, not between unpacking
                     # and storing, so no exception can land between the donation and the
@@ -118,7 +116,7 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                 except (RuntimeError, ValueError) as error:
                     return self._failed_update(operation, value, old, error)
                 finally:
-                    _donating[0] = False
+                    STATE.donating = False
                 if self._value is old:  # put back: the update was traced
                     self._refuse_traced(operation)
                 return self
@@ -261,7 +259,7 @@ class Variable(RefusedInPlace, Readable):
         enabled = _creation.trainable_flag(self.name, enabled, allow_none=False)
         if enabled != self._trainable:
             self._trainable = enabled
-            _state.bump_compile_epoch()
+            STATE.bump_compile_epoch()
 
     def reshard(self, sharding: ReshardTarget) -> Variable:
         """Moves the variable to another sharding (or device): the only update that does.
@@ -300,7 +298,7 @@ class Variable(RefusedInPlace, Readable):
             target = _placement.resolve_sharding(
                 sharding, self.shape, f"Cannot reshard Variable '{self.name}'"
             )
-        if _state.open_trace_frames and _trace.innermost() is not None:
+        if STATE.open_trace_frames and _trace.innermost() is not None:
             raise TraceContextError(
                 f"Cannot reshard Variable '{self.name}' inside statevar.jit or statevar.grad: "
                 "reshard it before the compiled step"
@@ -311,7 +309,7 @@ class Variable(RefusedInPlace, Readable):
             # and a new compile epoch started, before the store, so that an exception
             # landing in between leaves the variable unmoved rather than moved unnoticed.
             self._forget_compiled()
-            _state.bump_compile_epoch()
+            STATE.bump_compile_epoch()
             self._value = new
         _placement.log(self.name, "reshard", target)
         return self
@@ -319,16 +317,16 @@ class Variable(RefusedInPlace, Readable):
     # ----------------------------------------------------------------- reads
 
     def _read(self) -> jax.Array:
-        if _state.open_trace_frames:
+        if STATE.open_trace_frames:
             traced = _trace.read(self)
             if traced is not None:
                 return traced
         try:  # rather than `with _update_lock`, which costs more; see `_eager_update`
             _acquire()
             value = self._value
-            if _donating[0] and not value.is_deleted():
+            if STATE.donating and not value.is_deleted():
                 # In a signal handler that interrupted a donating update of this thread:
-                # the array is about to be donated (see `_state.donating`). A copy that
+                # the array is about to be donated (see `ProcessState.donating`). A copy that
                 # compiles nothing, so that a handler firing again meanwhile finds it done.
                 value = jax.device_put(value, value.sharding, may_alias=False)
         finally:
@@ -367,12 +365,12 @@ class Variable(RefusedInPlace, Readable):
 
         The one store of a new array for code outside this module (the compiled step's
         bulk store aside: see `store_outputs`). Donates nothing: the old array stays
-        valid for whoever still holds it. Callers hold `_state.update_lock` wherever
+        valid for whoever still holds it. Callers hold `ProcessState.update_lock` wherever
         another thread may update the variable. A change of commitment starts a new
-        compile epoch (see `_state.bump_compile_epoch`).
+        compile epoch (see `ProcessState.bump_compile_epoch`).
         """
         if array.committed is not self._value.committed:
-            _state.bump_compile_epoch()
+            STATE.bump_compile_epoch()
         self._value = array
         self._lost = None
 
@@ -457,9 +455,9 @@ class Variable(RefusedInPlace, Readable):
         """Forgets which updates this variable has run (JAX's fast path for their calls),
         for a new variable or a new placement."""
         # Signatures (`compiled_key`) of the donating calls this variable has run, in
-        # `_state.compiled_updates_generation` ``_compiled_generation``.
+        # `ProcessState.compiled_updates_generation` ``_compiled_generation``.
         self._compiled: set[Any] = set()
-        self._compiled_generation = _compiled_updates_generation[0]
+        self._compiled_generation = STATE.compiled_updates_generation
         # Per eager update (`HOT_SLOTS`): the abstract value it takes on the hot path, in
         # compile epoch `_hot_epoch`; None where the hot path is closed.
         self._hot_avals: list[Any] = [None, None, None]
@@ -473,7 +471,7 @@ class Variable(RefusedInPlace, Readable):
         global _array_type
         if _array_type is not type(self._value):
             _array_type = type(self._value)
-        epoch = _compile_epoch[0]
+        epoch = STATE.compile_epoch
         if self._hot_epoch != epoch:
             self._hot_avals, self._hot_epoch = [None, None, None], epoch
         self._hot_avals[slot] = self._value.aval

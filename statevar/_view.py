@@ -14,13 +14,14 @@ from typing import Any, NoReturn
 import jax
 import numpy as np
 
-from . import _placement, _state, _trace
+from . import _placement, _trace
 from ._convert import Tracer, is_concrete_array, short_repr
 from ._errors import TraceContextError
 from ._operators import ArrayOperators, RebindingInPlace
+from ._state import STATE
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, Operation
 
-_update_lock = _state.update_lock
+_update_lock = STATE.update_lock
 
 
 class Readable(ArrayOperators):

@@ -33,16 +33,17 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from . import _state, _update, _variable
+from . import _update, _variable
 from ._convert import Tracer
 from ._jit_cache import Entry
+from ._state import STATE
 from ._variable import Variable
 
 # The template. Its free names are globals of the function made from it: `_NAMESPACE`'s,
 # and the entry's own (see `warm_call`).
 _TEMPLATE = """
 def call(dynamic):
-    if _compile_epoch[0] != epoch:
+    if _STATE.compile_epoch != epoch:
         # A trainable flag or a sharding changed somewhere: the general call checks them.
         return _MISS
     if uncommitted and _any(_map(_getattr, dynamic, _COMMITTED, _NOT_COMMITTED)):
@@ -53,7 +54,7 @@ def call(dynamic):
     # releases.
     try:
         _acquire()
-        if _donating[0]:
+        if _STATE.donating:
             raise owner_ref()._interrupted()
         arrays = originals = [{reads}]
         found = traced.found
@@ -62,21 +63,21 @@ def call(dynamic):
         calls = [(arrays, dynamic)]
         call = _starmap(jitted, calls)
         try:
-            # Set while the reference counts are read (see `_state.donating`), and cleared
+            # Set while the reference counts are read (see `ProcessState.donating`), and cleared
             # with no signal check before the call: the step itself may run Python (JAX
             # tracing it for new shapes, a jax.debug.callback) that reads and updates
             # variables it did not lift.
-            _donating[0] = True
+            _STATE.donating = True
             # `Entry.arrays`, written out: an array read earlier is copied, not donated.
             if _sum(_map(_getrefcount, arrays)) > unshared:
                 arrays = _copy_shared(originals)
                 calls[0] = (arrays, dynamic)
-            _donating[0] = False
+            _STATE.donating = False
             (({stores}result,),) = call
         except Exception as error:
             raise _failed(owner_ref, variables, arrays, error, dynamic) from error
         finally:
-            _donating[0] = False
+            _STATE.donating = False
         # What a trace JAX made inside this call found, read under the lock: another
         # thread's call may trace again once it is released.
         retraced = traced.found
@@ -138,10 +139,9 @@ def _failed(
 
 
 _NAMESPACE = {
-    "_compile_epoch": _state.compile_epoch,  # a one-item list, changed in place
-    "_donating": _state.donating,  # a one-item list, changed in place
-    "_acquire": _state.update_lock.acquire,
-    "_release": _state.update_lock.release,
+    "_STATE": STATE,
+    "_acquire": STATE.update_lock.acquire,
+    "_release": STATE.update_lock.release,
     "_sum": sum,
     "_map": map,
     "_getrefcount": sys.getrefcount,

@@ -605,7 +605,7 @@ import statevar
 from statevar import _state
 held, release = threading.Event(), threading.Event()
 def hold():
-    with _state.update_lock:
+    with _state.STATE.update_lock:
         held.set()
         release.wait(30)
 threading.Thread(target=hold, daemon=True).start()
@@ -613,8 +613,8 @@ held.wait(30)
 pid = os.fork()
 if pid == 0:
     signal.alarm(20)  # a lock still held would hang the child: killed, it fails the test
-    with _state.update_lock:
-        os._exit(0 if _state.update_lock._is_owned() else 1)
+    with _state.STATE.update_lock:
+        os._exit(0 if _state.STATE.update_lock._is_owned() else 1)
 _, status = os.waitpid(pid, 0)
 release.set()
 print(os.waitstatus_to_exitcode(status))

@@ -253,11 +253,11 @@ def test_deepcopy_of_a_variable_placed_nowhere_is_placed_nowhere_on_the_same_dev
     with jax.default_device(_cpu(3)):
         v = statevar.Variable([1.0, 2.0])
 
-    epoch = statevar._state.compile_epoch[0]
+    epoch = statevar._state.STATE.compile_epoch
     copied = copy.deepcopy(v)
 
     assert copied.device == _cpu(3) and copied.value.committed is False
-    assert statevar._state.compile_epoch[0] == epoch  # steps over other variables stay warm
+    assert statevar._state.STATE.compile_epoch == epoch  # steps over other variables stay warm
     chex.assert_trees_all_equal(copied.value, v.value)
 
 
@@ -371,7 +371,7 @@ def test_a_step_that_commits_what_it_computes_runs_its_next_call_as_a_first_call
 def acquire_hook(monkeypatch):
     """Sets a function that the eager updates call just before they take the update
     lock."""
-    lock, hooks = statevar._state.update_lock, []
+    lock, hooks = statevar._state.STATE.update_lock, []
 
     def acquire(*args):
         for hook in hooks:
