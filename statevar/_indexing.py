@@ -26,17 +26,9 @@ from ._view import index_shape, read_operand, unwrap_index
 
 
 def set_item(variable: Any, index: Any, value: Any) -> None:
-    """Sets ``variable[index]`` to ``value`` in place (`Variable.__setitem__`).
-
-    Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
-
-    Raises:
-      IndexError: if the index is out of range, or is a boolean traced inside a compiled
-        function (its selection is known only when the step runs).
-      TypeError: if a slice bound is not an integer, or is traced inside a compiled
-        function (the slice's size must be known when it compiles).
-      TypeError, ValueError: as `assign`, against the indexed part's shape.
-    """
+    """`Variable.__setitem__` (which documents what it raises): reads the index, checks
+    the value against the indexed part (a mask of the variable's shape with a scalar value
+    is one compiled update for every mask), then runs the variable's update."""
     index = placed_index(variable, concrete_index(variable, unwrap_index(index)))
     if (
         isinstance(index, (jax.Array, np.ndarray))
