@@ -71,11 +71,11 @@ _thread_frames = threading.local()
 # `statevar.grad`'s operations) finds its compiled operations again, and a dropped step
 # leaves no cache entry behind. A generation is spent while a function JAX traced under it,
 # closing over a variable's value (a frame's, or one read as it stands), is alive (its
-# cache entries live as long as it does): a
-# frame assigning at its own level then moves to a new one (a function traced before the
-# assignment, reading the old value, is traced again when used after it), and so does the
-# frame around one that closes, and every frame opened later. A function made anew for
-# each call (a lambda in the loss) is gone by then: the generation goes on.
+# cache entries live as long as it does): a frame assigning at its own level then moves to
+# a new one (a function traced before the assignment, reading the old value, is traced
+# again when used after it), and so does the frame around one that closes, and every frame
+# opened later. A function made anew for each call (a lambda in the loss) is gone by then:
+# the generation goes on.
 _frame_context = jax.make_user_context(None)
 
 
@@ -96,7 +96,8 @@ class _Generation:
         if len(functions) < traces:
             self._unknown = True
         for function in functions:
-            if id(function) not in self._closures:
+            known = self._closures.get(id(function))
+            if known is None or known() is not function:  # (an id a freed one had)
                 try:
                     self._closures[id(function)] = weakref.ref(function)
                 except TypeError:
