@@ -214,7 +214,8 @@ class JitFunction:
           donate if ``donating``, see `Entry.arrays`; else the variables' own), the
           variables' own arrays, and what the trace found.
         """
-        while True:
+
+        def attempt(entry: Entry) -> tuple[tuple, Found | None]:
             self._check_devices(entry.lifted, [v._value for v in entry.lifted], dynamic)
             if donating:
                 _commit_to_arguments(entry, dynamic)
@@ -222,12 +223,14 @@ class JitFunction:
             else:
                 arrays = originals = [v._value for v in entry.lifted]
             found = entry.trace(arrays, dynamic)
-            if not found.needs_retrace:
-                # Held in refs from the start if the entry is ever compiled again.
-                entry.refs = tuple(dict.fromkeys((*entry.refs, *found.lifted_refs)))
-                return entry, arrays, originals, found
-            arrays = originals = []  # so that the next entry's arrays are not seen as shared
-            entry = self._retrace(key, entry, found)
+            return (arrays, originals, found), found if found.needs_retrace else None
+
+        (arrays, originals, found), entry = _trace.retrace(
+            attempt, functools.partial(self._retrace, key), entry
+        )
+        # Held in refs from the start if the entry is ever compiled again.
+        entry.refs = tuple(dict.fromkeys((*entry.refs, *found.lifted_refs)))
+        return entry, arrays, originals, found
 
     def _first_call(self, key: Any, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
         """Traces ``entry`` (again with more variables lifted, while the trace finds

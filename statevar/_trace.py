@@ -33,7 +33,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import jax
 from jax import lax
@@ -44,6 +44,7 @@ from ._errors import TraceContextError
 from ._state import STATE
 
 Result = TypeVar("Result")
+State = TypeVar("State")
 
 
 class Lifted(Protocol):
@@ -426,31 +427,58 @@ class NeedsRefs(Exception):
         self.owner = owner
 
 
+def retrace(
+    attempt: Callable[[State], tuple[Result, Any]],
+    grow: Callable[[State, Any], State],
+    state: State,
+) -> tuple[Result, State]:
+    """The retrace loop, the one statevar has: runs ``attempt(state)``, which traces and
+    returns its result and what the trace found missing (falsy when nothing), and again on
+    ``grow(state, missing)`` until nothing is missing; returns the last result and state.
+
+    `statevar.jit` grows an entry lifting more variables (`_jit`); `statevar.grad` and
+    `stateless_call` grow the refs their frames hold (`trace_with_refs`). A result given up
+    is released before the next attempt: an array it held would look shared, and be
+    copied rather than donated.
+    """
+    while True:
+        result, missing = attempt(state)
+        if not missing:
+            return result, state
+        del result
+        state = grow(state, missing)
+
+
 def trace_with_refs(
     make_frame: Callable[[tuple[Any, ...]], Frame],
     run: Callable[[Frame], Result],
     refs: tuple[Any, ...] = (),
 ) -> tuple[Result, Frame, tuple[Any, ...]]:
-    """Runs ``run`` on a frame ``make_frame(refs)`` holds ``refs`` in refs, and again on one
-    holding more while the trace writes a variable without a ref under a nested
-    transformation (the frame's `Frame.wanted_refs`, or `NeedsRefs` stopping it): the
-    retrace loop of `statevar.grad` and `statevar.stateless_call`, whose frames own their
-    refs. (A `statevar.jit` frame's trace goes on: its step traces again, see `_jit`.)
+    """Runs ``run`` on a frame ``make_frame(refs)`` holds ``refs`` in refs, and again (see
+    `retrace`) on one holding more while the trace writes a variable without a ref under a
+    nested transformation (the frame's `Frame.wanted_refs`, or `NeedsRefs` stopping it): for
+    `statevar.grad` and `statevar.stateless_call`, whose frames own their refs. (A
+    `statevar.jit` frame's trace goes on, and its step traces again, see `_jit`.)
 
     Returns:
       What the last run returned, its frame, and the refs it held.
     """
-    while True:
+
+    def attempt(refs: tuple[Any, ...]) -> tuple[tuple[Any, Frame], tuple[Any, ...]]:
         frame = make_frame(refs)
         try:
             result = run(frame)
         except NeedsRefs as stop:
             if stop.owner is not frame:
                 raise  # an enclosing frame owns the write: it traces again
-        else:
-            if not frame.wanted_refs:
-                return result, frame, refs
-        refs = tuple(dict.fromkeys((*refs, *frame.wanted_refs)))
+            result = None  # never returned: the frame wants refs
+        return (result, frame), tuple(frame.wanted_refs)
+
+    def grow(refs: tuple[Any, ...], wanted: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(dict.fromkeys((*refs, *wanted)))
+
+    (result, frame), refs = retrace(attempt, grow, refs)
+    return cast(Result, result), frame, refs
 
 
 def _note_closure(frame: Frame) -> None:
