@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import sys
+import types
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -561,3 +563,31 @@ def put_back(variables: tuple[Variable, ...], arrays: list[jax.Array]) -> None:
     ``jax.jit`` was traced rather than run, and left tracers in the variables (copies
     made of shared arrays are tracers too). Nothing was donated."""
     _consume(map(setattr, variables, itertools.repeat(ARRAY_ATTRIBUTE), arrays))
+
+
+@functools.cache
+def _bulk_store_code(count: int) -> types.CodeType:
+    """The code of `bulk_store` for ``count`` variables, compiled once: the variables are
+    globals ``v0``, ``v1``, ... of each function made from it (the compiler handles ten
+    thousand globals in a third of the time it takes for as many closure cells)."""
+    targets = "".join(f"v{i}.{ARRAY_ATTRIBUTE}, " for i in range(count))
+    source = f"def store(outputs):\n    (({targets}result,),) = outputs\n    return result\n"
+    defined: dict[str, Any] = {}
+    exec(compile(source, f"<statevar bulk store, {count} variables>", "exec"), {}, defined)
+    return defined["store"].__code__
+
+
+def bulk_store(variables: tuple[Variable, ...]) -> Callable[[Any], Any]:
+    """The store of a warm compiled step, written out for its variables: ``store(outputs)``
+    consumes ``outputs``, an iterator whose one item the compiled call makes (donating the
+    variables' arrays), stores each variable's new array by one unpacking assignment, and
+    returns the result.
+
+    Nothing between the call and the last store lets Python run a signal handler (it does
+    so when a function is entered, after a call and at a backward jump; the unpacking
+    consumes the iterator in C): every variable holds its old array or its new one. On an
+    MLP step this costs 10% less than `store_outputs`' loop of ``setattr`` in C.
+    """
+    namespace = {f"v{i}": variable for i, variable in enumerate(variables)}
+    # A code object of its own: Python keeps its caches of global lookups in the code object.
+    return types.FunctionType(_bulk_store_code(len(variables)).replace(), namespace, "store")
