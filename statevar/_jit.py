@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import itertools
 import types
 from collections.abc import Callable
 from typing import Any, cast, overload
@@ -16,7 +17,6 @@ from ._closure import closure_variables
 from ._convert import Tracer
 from ._errors import PlacementError, StatevarError, TraceContextError, interrupted_update_error
 from ._jit_cache import (
-    Box,
     Cache,
     Entry,
     Found,
@@ -236,7 +236,6 @@ class JitFunction:
         """Traces ``entry`` (again with more variables lifted, while the trace finds
         some), then runs it as the warm call does, holding signal handlers: JAX's first
         call runs Python code after donating."""
-        box = Box()
         with STATE.update_lock:
             if STATE.donating:
                 # In a signal handler that interrupted a donating update (see
@@ -253,7 +252,8 @@ class JitFunction:
             lifted = entry.lifted
             try:
                 with held_signals():
-                    _variable.store_outputs(entry.lifted, box, entry.jitted, (arrays, dynamic))
+                    outputs = itertools.starmap(entry.jitted, ((arrays, dynamic),))
+                    result = _variable.bulk_store(lifted)(outputs)
                     # Checked before the signal handlers are back, so that no exception can
                     # leave a variable committed in the epoch it was uncommitted in.
                     if (
@@ -281,7 +281,7 @@ class JitFunction:
             # That trace found more to lift, and gave every variable back unchanged.
             return self._run(key, entry, dynamic)
         entry.call = warm_call(self, entry)
-        return box.value
+        return result
 
     def _check_devices(self, lifted: tuple[Variable, ...], arrays: list, dynamic: tuple) -> None:
         def name_of(index: int) -> str:

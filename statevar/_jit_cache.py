@@ -84,13 +84,6 @@ class _Traced:
         self.found: Found | None = None
 
 
-class Box:
-    """Receives a compiled call's result, stored by the same C call chain as the variables'
-    new arrays (see `store`)."""
-
-    __slots__ = ("value",)
-
-
 class Entry:
     """One compiled form of a function: the variables it lifts and its `jax.jit`.
 

@@ -236,12 +236,6 @@ def innermost() -> Frame | None:
     return stack[-1] if stack else None
 
 
-def outermost() -> Frame | None:
-    """Returns this thread's outermost frame, or None."""
-    stack = getattr(_thread_frames, "stack", None)
-    return stack[0] if stack else None
-
-
 def read(var: Lifted) -> Any | None:
     """Returns ``var``'s traced value in this thread's frames, or None to read it eagerly.
 

@@ -40,9 +40,8 @@ ReshardTarget: TypeAlias = (
 # The attribute holding a variable's array. Only this module stores it: the eager hot path
 # (`_eager_update`), `Variable._swap` (every other update's result), `Variable._replace_array`
 # (the one store other modules call), `reshard`, deep copies, and the bulk store of a
-# compiled step (`store_outputs` on a first call, and the same written out by `_warm_call`
-# for its number of variables), with no bytecode where an exception can land between the
-# donating call and the stores.
+# compiled step (`bulk_store`, on its first call and in every warm call), with no bytecode
+# where an exception can land between the donating call and the stores.
 ARRAY_ATTRIBUTE = "_value"
 
 
@@ -366,7 +365,7 @@ class Variable(RefusedInPlace, Readable):
         """Stores ``array`` as the variable's value, as it is: no conversion, no check.
 
         The one store of a new array for code outside this module (the compiled step's
-        bulk store aside: see `store_outputs`). Donates nothing: the old array stays
+        bulk store aside: see `bulk_store`). Donates nothing: the old array stays
         valid for whoever still holds it. Callers hold `ProcessState.update_lock` wherever
         another thread may update the variable. A change of commitment starts a new
         compile epoch (see `ProcessState.bump_compile_epoch`).
@@ -536,28 +535,6 @@ class Variable(RefusedInPlace, Readable):
 jax.tree_util.register_pytree_node_class(Variable)
 
 
-def store_outputs(variables: tuple[Variable, ...], box: Any, call: Callable, args: tuple) -> None:
-    """The bulk store of a compiled step: calls ``call(*args)``, which donates the
-    variables' arrays, and stores its outputs, each variable's new array, then the result
-    into ``box.value``.
-
-    The call and every store happen in one C call chain, so no bytecode (where an exception
-    such as KeyboardInterrupt can land) comes between the donation and the stores: every
-    variable holds its old array or its new one. A first call runs JAX's Python path, which
-    runs Python code after donating: the caller holds signal handlers around it
-    (`_signals.held_signals`). (A warm call's store is the same, written out for its
-    number of variables: see `_warm_call`.)
-    """
-    _consume(
-        map(
-            setattr,
-            itertools.chain(variables, (box,)),
-            itertools.chain(itertools.repeat(ARRAY_ATTRIBUTE, len(variables)), ("value",)),
-            itertools.chain.from_iterable(_starmap(call, (args,))),
-        )
-    )
-
-
 def put_back(variables: tuple[Variable, ...], arrays: list[jax.Array]) -> None:
     """Stores each variable's own array again, in one C call chain: a step called inside
     ``jax.jit`` was traced rather than run, and left tracers in the variables (copies
@@ -578,7 +555,7 @@ def _bulk_store_code(count: int) -> types.CodeType:
 
 
 def bulk_store(variables: tuple[Variable, ...]) -> Callable[[Any], Any]:
-    """The store of a warm compiled step, written out for its variables: ``store(outputs)``
+    """The store of a compiled step, written out for its variables: ``store(outputs)``
     consumes ``outputs``, an iterator whose one item the compiled call makes (donating the
     variables' arrays), stores each variable's new array by one unpacking assignment, and
     returns the result.
@@ -586,7 +563,7 @@ def bulk_store(variables: tuple[Variable, ...]) -> Callable[[Any], Any]:
     Nothing between the call and the last store lets Python run a signal handler (it does
     so when a function is entered, after a call and at a backward jump; the unpacking
     consumes the iterator in C): every variable holds its old array or its new one. On an
-    MLP step this costs 10% less than `store_outputs`' loop of ``setattr`` in C.
+    MLP step this costs 10% less than a loop of ``setattr`` in C.
     """
     namespace = {f"v{i}": variable for i, variable in enumerate(variables)}
     # A code object of its own: Python keeps its caches of global lookups in the code object.
