@@ -12,6 +12,13 @@ See benchmarks/README.md for how memory is measured.
 
     python benchmarks/assign.py            # prints the tables
     python benchmarks/assign.py --check    # also exits with status 1 if a target is missed
+
+With ``--gib N`` it measures instead (c): the bandwidth of ``v.assign_add(1.0)`` on an N GiB
+f32 variable against a device-to-device copy of the same array, both counting the bytes read
+and written (each reads and writes the array once), so an in-place update that streams at
+the memory's speed scores 100%.
+
+    python benchmarks/assign.py --gib 1 --check   # the GPU check's mode (tools/gpu_check.sh)
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ VARIANTS = {
 SMALL_TARGET = 1.4  # statevar / raw donated jit, per call
 LARGE_TARGET = 1.1  # statevar / raw donated jit, per update
 GROWTH_TARGET = 0.10  # statevar's peak memory growth, as a fraction of the variable's size
+
+BANDWIDTH_TARGET = 0.85  # assign_add's bandwidth as a share of a device-to-device copy's
+BANDWIDTH_REPEATS = 20
 
 LARGE_SIZE = 64 * 2**20  # elements: f32[64Mi] is 256 MiB
 LARGE_UPDATES = 20
@@ -252,6 +262,62 @@ def time_large(rounds: int) -> tuple[dict[str, float], dict[str, int], str]:
     return {v: statistics.median(t) for v, t in times.items()}, growth, method
 
 
+# ------------------------------------------------------------------ (c) bandwidth
+
+
+def time_bandwidth(gib: float, repeats: int) -> dict[str, float]:
+    """Median seconds of ``v.assign_add(1.0)`` and of ``x.copy()`` on f32 arrays of ``gib``
+    GiB, each waited for, taking turns."""
+    size = int(gib * 2**30) // 4
+    variable = statevar.Variable(jnp.zeros(size, jnp.float32))
+    source = jnp.zeros(size, jnp.float32)
+    holder: list[jax.Array] = []
+
+    def update() -> None:
+        variable.assign_add(1.0)
+        variable.value.block_until_ready()
+
+    def copy() -> None:
+        holder[:] = [source.copy()]
+        holder[0].block_until_ready()
+
+    runs = {"assign_add": update, "copy": copy}
+    for run in runs.values():  # compile, and reach the steady state
+        run()
+        run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    if float(variable.value[0]) != 2.0 + repeats:
+        sys.exit("assign_add did not add: the variable holds a wrong value")
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def report_bandwidth(gib: float, repeats: int, check: bool) -> None:
+    device = jax.devices()[0]
+    print(f"statevar {statevar.__version__}, jax {jax.__version__}, device {device} "
+          f"({device.device_kind})")
+    times = time_bandwidth(gib, repeats)
+    moved = 2 * int(gib * 2**30)  # read once, written once
+    print(f"\n(c) f32 {gib:g} GiB, median of {repeats} runs each, taking turns; bandwidth "
+          f"counts the bytes\n    read and written")
+    print(f"    {'operation':<28}{'time':>12}{'bandwidth':>14}")
+    labels = {"assign_add": "statevar v.assign_add(1.0)", "copy": "device-to-device x.copy()"}
+    for name, label in labels.items():
+        print(f"    {label:<28}{_format_time(times[name]):>12}"
+              f"{moved / times[name] / 1e9:>10.1f} GB/s")
+    share = times["copy"] / times["assign_add"]
+    passed = share >= BANDWIDTH_TARGET
+    print("\nTargets")
+    text = f"assign_add bandwidth >= {BANDWIDTH_TARGET:.0%} of a copy's"
+    print(f"    [{'PASS' if passed else 'MISS'}] {text:<52} measured {share:.1%}")
+    if check and not passed:
+        sys.exit(1)
+
+
 # ------------------------------------------------------------------ report
 
 
@@ -265,10 +331,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50, help="updates per small sample")
     parser.add_argument("--rounds", type=int, default=5, help="processes per large variant")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    parser.add_argument("--gib", type=float, help="measure (c), the bandwidth on N GiB, alone")
     parser.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_large_child(args.child)))
+        return
+    if args.gib:
+        report_bandwidth(args.gib, BANDWIDTH_REPEATS, args.check)
         return
 
     device = jax.devices()[0]

@@ -121,6 +121,12 @@ def _generation() -> _Generation:
     return generation
 
 
+# The Python functions through which JAX traces a function to a jaxpr, caching the trace by
+# that function: ``trace_to_jaxpr`` in JAX 0.10, the ``trace_to_jaxpr_nocache`` its cache
+# wraps in JAX 0.11.
+_TRACING_CODE_NAMES = frozenset({"trace_to_jaxpr", "trace_to_jaxpr_nocache"})
+
+
 def _traced_functions(frame: Frame) -> list[Any]:
     """The functions JAX is tracing (its ``trace_to_jaxpr`` calls, whose traces it caches
     by function) between this Python frame and the one that entered ``frame``."""
@@ -128,7 +134,7 @@ def _traced_functions(frame: Frame) -> list[Any]:
     python_frame = sys._getframe(1)
     while python_frame is not None and python_frame is not frame._python_frame:
         code = python_frame.f_code
-        if code.co_name == "trace_to_jaxpr" and "jax" in code.co_filename:
+        if code.co_name in _TRACING_CODE_NAMES and "jax" in code.co_filename:
             function = python_frame.f_locals.get("fun")
             if function is not None:
                 functions.append(function)
