@@ -35,7 +35,7 @@ def read_values(target: Any) -> Any:
     `statevar.grad` the values are the traced ones.
 
     Args:
-      target: a Variable, a Module, or a list, tuple or dict of them.
+      target: a Variable, a Module, an Optimizer, or a list, tuple or dict of them.
 
     Returns:
       The pytree of the variables' arrays.
@@ -71,7 +71,7 @@ def stateless_call(
 
     Args:
       fn: the function to call.
-      target: a Variable, a Module, or a list, tuple or dict of them.
+      target: a Variable, a Module, an Optimizer, or a list, tuple or dict of them.
       values: a pytree of arrays with the structure of ``read_values(target)``, each with
         its variable's shape and dtype (plain arrays, or tracers inside a transformation).
       *args: positional arguments for ``fn``.

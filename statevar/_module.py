@@ -6,6 +6,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ._pytree import register_module
 from ._state import STATE
 from ._summary import module_repr, summary
 from ._tree import Node, label, named_variables, walk
@@ -20,6 +21,17 @@ class Module(Node):
     is known by its path in the module tree (``"layers/0/kernel"``); a variable with an
     explicit name is known by that name. These names key gradients, summaries and
     checkpoints.
+
+    A Module is a pytree, as flax nnx's and equinox's are: its leaves are the arrays of the
+    variables it holds, and of its plain array attributes, once each in attribute order;
+    its other attributes are static. ``jax.tree.map(f, model)`` and
+    ``jax.grad(loss)(model)`` return a new Module of the same class (its ``__init__`` not
+    called) whose variables are read-only views of the results, known by the same names;
+    the original is untouched. Under plain ``jax.jit``, ``jax.grad`` or ``jax.vmap`` a
+    Module argument reads as in eager code, and assigning to it raises
+    `statevar.TraceContextError`: `statevar.jit` is the way to update it. Plain
+    ``jax.grad`` differentiates every variable; `statevar.grad` follows the ``trainable``
+    flags.
 
     Example:
       >>> import statevar
@@ -51,6 +63,7 @@ class Module(Node):
                 "variables among the attributes in its __dict__, so it would miss these. "
                 "Remove __slots__ (or slots=True, for a dataclass or attrs class)."
             )
+        register_module(cls)
 
     def _walk(self, paths: bool = True) -> list[tuple[str, Variable | Node]]:
         """Returns ``(path, item)`` for every Variable and Module below this one, once each,
@@ -161,6 +174,9 @@ class Module(Node):
 
     def _statevar_variables(self) -> tuple[Variable, ...]:
         return self.variables
+
+
+register_module(Module)
 
 
 def _record_change(old: Any, new: Any) -> None:

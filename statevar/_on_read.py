@@ -36,7 +36,7 @@ from ._per_replica import PerReplica
 from ._state import STATE
 from ._update import Operation
 from ._variable import Variable
-from ._view import read_operand
+from ._view import read_operand, register_readable
 
 _getrefcount, _SOLE_HOLDER = sys.getrefcount, _update.SOLE_HOLDER
 _LOCAL_OPERATIONS = (_update.ASSIGN, _update.ASSIGN_ADD, _update.ASSIGN_SUB)
@@ -508,4 +508,4 @@ def _indexed_per_replica_error(variable: Variable) -> TypeError:
 
 
 # A pytree as Variable is (JAX registers exact types): it flattens to its aggregate.
-jax.tree_util.register_pytree_node_class(OnReadVariable)
+register_readable(OnReadVariable)

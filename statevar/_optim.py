@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import operator
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -16,9 +15,12 @@ import optax
 from . import _trace
 from ._jit import jit
 from ._optimizer_state import (
-    LEARNING_RATE,
+    check_gradient_dtype,
+    find_learning_rate,
     home_of,
+    is_key,
     placed_gradient,
+    shape_of,
     state_layout,
     state_names,
     state_placements,
@@ -26,6 +28,7 @@ from ._optimizer_state import (
     unique,
 )
 from ._placement import is_multi_device, replicated
+from ._pytree import gradients_by_name, register_optimizer
 from ._tree import (
     Node,
     Structure,
@@ -169,11 +172,11 @@ class Optimizer:
         # A typed PRNG key in the state (optax.noisy_sgd's) is held as its key data, and
         # made a key again for the transformation.
         self._state_key_impls = tuple(
-            jax.random.key_impl(leaf) if _is_key(leaf) else None for leaf in leaves
+            jax.random.key_impl(leaf) if is_key(leaf) else None for leaf in leaves
         )
         self._state = tuple(
             Variable(
-                jax.random.key_data(leaf) if _is_key(leaf) else leaf,
+                jax.random.key_data(leaf) if is_key(leaf) else leaf,
                 trainable=False,
                 name=f"{self._name}/{name}",
                 device=placement,
@@ -184,7 +187,7 @@ class Optimizer:
         home = replicated(spread[0]) if spread else home_of(self._params)
         if home is not None and self._iterations.sharding.device_set != home.device_set:
             self._iterations.reshard(home)
-        self._learning_rate = self._find_learning_rate(layout)
+        self._learning_rate = find_learning_rate(layout, self._state)
         # The structure of gradients with every optimized variable's slot filled: `apply`
         # checks such gradients in one pass. None when a variable occurs twice.
         params = set(self._params)
@@ -205,26 +208,6 @@ class Optimizer:
         self._shapes = [v.shape for v in self._params]
         self._spread = any(is_multi_device(v.sharding) for v in self._params)
         self._built = True
-
-    def _find_learning_rate(self, layout: list) -> tuple[Variable | None, bool]:
-        """Finds the outermost injected learning rate, and whether a schedule sets it."""
-        found = [
-            (len(outer), i, outer[:-2])
-            for i, (outer, owner, _) in enumerate(layout)
-            if owner is None
-            and len(outer) >= 2
-            and outer[-2] == jax.tree_util.GetAttrKey("hyperparams")
-            and outer[-1] == jax.tree_util.DictKey(LEARNING_RATE)
-        ]
-        if not found:
-            return None, False
-        _, i, base = min(found, key=lambda item: item[:2])
-        schedule = (*base, jax.tree_util.GetAttrKey("hyperparams_states"))
-        scheduled = any(
-            outer[: len(schedule) + 1] == (*schedule, jax.tree_util.DictKey(LEARNING_RATE))
-            for outer, _, _ in layout
-        )
-        return self._state[i], scheduled
 
     def _watch(self, variables: Any) -> None:
         """Records the Module the Optimizer is built for, if it is one (see `_check_held`)."""
@@ -338,25 +321,37 @@ class Optimizer:
         """How a checkpoint keys this optimizer: its name, and its variables by their names
         under it (``"iterations"``, ``"mu/layers/0/kernel"``)."""
         self._require_built("save or restore")
+        return self._state_by_name()
+
+    def _state_by_name(self) -> tuple[str, dict[str, Variable]]:
+        """Its name and state variables by name, built or not: its pytree (`_pytree`)."""
         named = {"iterations": self._iterations}
         named.update(zip(self._state_names, self._state, strict=True))
         return self._name, named
 
     # ----------------------------------------------------------------- updates
 
-    def apply(self, grads: Any, **extra_args: Any) -> None:
+    def apply(self, grads: Any, variables: Any = None, **extra_args: Any) -> None:
         """Updates the variables in place from ``grads``.
 
         Donates the variables' and the state's buffers when nothing else holds them;
-        arrays read earlier stay valid.
+        arrays read earlier stay valid. Takes three forms of gradients:
+
+        - mirroring the ``variables`` given at construction (or to `build`), as
+          `statevar.grad` returns them;
+        - a gradient Module, as plain ``jax.grad(loss)(model)`` returns it: its
+          variables' views are matched to the optimized variables by name (path); those
+          of variables the Optimizer does not optimize (non-trainable ones) are ignored;
+        - Keras's ``apply(grads, variables)``: two sequences in the same order, for any
+          subset of the variables, as `apply_gradients` takes them zipped.
 
         Args:
-          grads: gradients mirroring the ``variables`` given at construction (or to
-            `build`), as `statevar.grad` returns them. None (a non-trainable slot, or a
-            variable the loss did not read) leaves that variable and its optimizer state
-            unchanged, as Keras does for the variables it is not given; the first time an
-            optimized variable gets None, a warning names it. A gradient held in a
-            Variable (an accumulator) is applied as its current value.
+          grads: the gradients. None (a non-trainable slot, or a variable the loss did not
+            read) leaves that variable and its optimizer state unchanged, as Keras does for
+            the variables it is not given; the first time an optimized variable gets None,
+            a warning names it. A gradient held in a Variable (an accumulator) is applied as
+            its current value.
+          variables: with Keras's form, the variables ``grads`` are for.
           **extra_args: passed to the transformation's update, for those that take more
             than the gradients: ``value=loss`` for ``optax.contrib.reduce_on_plateau``.
             Arrays among them are traced, so a new loss each step compiles nothing again.
@@ -366,9 +361,32 @@ class Optimizer:
             or a gradient's shape does not match its variable's.
           TypeError: if a gradient is not an array, or not of the variable's kind: real
             floating-point for a real variable, complex for a complex one.
+
+        Example:
+          >>> import optax, statevar
+          >>> w = statevar.Variable([1.0, 2.0], name="w")
+          >>> opt = statevar.Optimizer(optax.sgd(0.5), [w])
+          >>> opt.apply([w.value], [w])  # Keras's form
+          >>> w.numpy()
+          array([0.5, 1. ], dtype=float32)
         """
+        if variables is not None:
+            grads, variables = list(grads), list(variables)
+            if len(grads) != len(variables):
+                raise ValueError(
+                    f"Expected as many gradients as variables in Optimizer '{self._name}'."
+                    f"apply(grads, variables); got {len(grads)} gradients and "
+                    f"{len(variables)} variables"
+                )
+            self.apply_gradients(zip(grads, variables, strict=True), **extra_args)
+            return
         self._require_built("apply gradients with")
         self._check_held()
+        if isinstance(grads, Node):
+            by_name = gradients_by_name(grads, self._name, self._param_names, self._params)
+            self._warn_missing(by_name)
+            self._run(by_name, extra_args)
+            return
         # The common cases, checked in C: every optimized variable has an array gradient of
         # its shape (an abstract value's: None, a Variable or a NumPy array has none, and
         # takes the general path), and every other slot holds None.
@@ -381,7 +399,7 @@ class Optimizer:
                 flat = leaves
         if flat is not None:
             try:
-                shapes = list(map(_shape_of, flat))
+                shapes = list(map(shape_of, flat))
             except AttributeError:
                 shapes = None
             if shapes == self._shapes:
@@ -397,7 +415,12 @@ class Optimizer:
         for variable, gradient in zip(self._leaves, leaves, strict=True):
             if gradient is not None:
                 by_variable[variable] = gradient
-        # A frozen variable (trainable=False since the build) gets None by design.
+        self._warn_missing(by_variable)
+        self._run(by_variable, extra_args)
+
+    def _warn_missing(self, by_variable: dict[Variable, Any]) -> None:
+        """Warns, once per variable, of an optimized variable given no gradient (a frozen
+        one, trainable=False since the build, gets None by design)."""
         unwarned = [
             v
             for v in self._params
@@ -410,9 +433,8 @@ class Optimizer:
                 "the loss does not reach these variables, so they and their optimizer state "
                 "are left unchanged",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=4,
             )
-        self._run(by_variable, extra_args)
 
     def apply_gradients(
         self, grads_and_vars: Iterable[tuple[Any, Variable]], **extra_args: Any
@@ -437,6 +459,9 @@ class Optimizer:
           TraceContextError: if the first call, which builds the Optimizer, runs inside
             `statevar.jit`.
         """
+        if isinstance(grads_and_vars, Node):  # a gradient Module, as `apply` takes it
+            self.apply(grads_and_vars, **extra_args)
+            return
         pairs = list(grads_and_vars)
         for i, pair in enumerate(pairs):
             if not (isinstance(pair, tuple) and len(pair) == 2):
@@ -509,7 +534,7 @@ class Optimizer:
         # Checked as the update traces (again for each new signature), so free per step.
         for variable, gradient in zip(self._params, grads, strict=True):
             if gradient is not None:
-                _check_gradient_dtype(variable, gradient)
+                check_gradient_dtype(variable, gradient)
         names = self._param_names
         params = {name: v.value for name, v in zip(names, self._params, strict=True)}
         state = self._state_treedef.unflatten(
@@ -538,7 +563,7 @@ class Optimizer:
             if gradient is not None:
                 variable.assign(new_params[name])
         new_leaves = [
-            jax.random.key_data(leaf) if _is_key(leaf) else leaf
+            jax.random.key_data(leaf) if is_key(leaf) else leaf
             for leaf in jax.tree.leaves(new_state)
         ]
         for variable, owner, new in zip(self._state, self._state_owners, new_leaves, strict=True):
@@ -546,6 +571,10 @@ class Optimizer:
             if owner is None or grads[owner] is not None:
                 variable.assign(new)
         self._iterations.assign_add(1)
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        register_optimizer(cls)
 
     def __deepcopy__(self, memo: dict) -> Optimizer:
         duplicate = object.__new__(type(self))
@@ -566,27 +595,4 @@ class Optimizer:
         return f"<statevar.Optimizer {self._name!r}: {built}, {count} state variables>"
 
 
-def _is_key(leaf: Any) -> bool:
-    """Whether ``leaf`` is a typed PRNG key array (``jax.random.key``)."""
-    dtype = getattr(leaf, "dtype", None)
-    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def _check_gradient_dtype(variable: Variable, gradient: Any) -> None:
-    """Refuses a gradient that no differentiation gives ``variable``: a bool or integer one
-    (optax would cast it silently), or a complex one for a real variable (whose imaginary
-    part the update would drop), and the other way round."""
-    if jnp.issubdtype(variable.dtype, jnp.complexfloating):
-        kind, expected = jnp.complexfloating, "complex"
-    else:
-        kind, expected = jnp.floating, "real floating-point"
-    if not jnp.issubdtype(gradient.dtype, kind):
-        raise TypeError(
-            f"Expected a {expected} gradient for Variable '{variable.name}' "
-            f"({variable.dtype}), got dtype {gradient.dtype}"
-        )
-
-
-# A jax.Array's shape through its abstract value, in C (``Array.shape`` is a Python
-# property); a gradient without one (a NumPy array) takes the general path of `apply`.
-_shape_of = operator.attrgetter("aval.shape")
+register_optimizer(Optimizer)

@@ -8,6 +8,7 @@ under such a dict belongs to one parameter, and is named after it
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -192,3 +193,51 @@ def placed_gradient(gradient: Any, param: Variable) -> Any:
             if gradient.shape == param.shape:
                 return jax.device_put(gradient, sharding)
     return gradient
+
+
+def is_key(leaf: Any) -> bool:
+    """Whether ``leaf`` is a typed PRNG key array (``jax.random.key``)."""
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def check_gradient_dtype(variable: Variable, gradient: Any) -> None:
+    """Refuses a gradient that no differentiation gives ``variable``: a bool or integer one
+    (optax would cast it silently), or a complex one for a real variable (whose imaginary
+    part the update would drop), and the other way round."""
+    if jnp.issubdtype(variable.dtype, jnp.complexfloating):
+        kind, expected = jnp.complexfloating, "complex"
+    else:
+        kind, expected = jnp.floating, "real floating-point"
+    if not jnp.issubdtype(gradient.dtype, kind):
+        raise TypeError(
+            f"Expected a {expected} gradient for Variable '{variable.name}' "
+            f"({variable.dtype}), got dtype {gradient.dtype}"
+        )
+
+
+# A jax.Array's shape through its abstract value, in C (``Array.shape`` is a Python
+# property); a gradient without one (a NumPy array) takes the general path of `apply`.
+shape_of = operator.attrgetter("aval.shape")
+
+
+def find_learning_rate(layout: list, state: tuple[Variable, ...]) -> tuple[Variable | None, bool]:
+    """Finds the outermost injected learning rate among the state variables ``state`` laid
+    out as ``layout`` (`state_layout`), and whether a schedule sets it."""
+    found = [
+        (len(outer), i, outer[:-2])
+        for i, (outer, owner, _) in enumerate(layout)
+        if owner is None
+        and len(outer) >= 2
+        and outer[-2] == jax.tree_util.GetAttrKey("hyperparams")
+        and outer[-1] == jax.tree_util.DictKey(LEARNING_RATE)
+    ]
+    if not found:
+        return None, False
+    _, i, base = min(found, key=lambda item: item[:2])
+    schedule = (*base, jax.tree_util.GetAttrKey("hyperparams_states"))
+    scheduled = any(
+        outer[: len(schedule) + 1] == (*schedule, jax.tree_util.DictKey(LEARNING_RATE))
+        for outer, _, _ in layout
+    )
+    return state[i], scheduled

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ._on_read import OnReadVariable
 from ._placement import describe
-from ._tree import Node, walk
+from ._tree import Node, has_named_variables, walk
 from ._variable import Variable
 from ._view import Readable
 
@@ -57,13 +57,21 @@ def placement(variable: Variable) -> str:
     return f"{layout}over {len(devices)} devices"
 
 
-def _rows(module: Node) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def _found(target: Any) -> list[tuple[str, Any]]:
+    """``(path, Variable or sub-Module)`` for every row of a Module's table; an Optimizer's
+    state variables by their names (``"optimizer/mu/kernel"``)."""
+    if isinstance(target, Node):
+        return walk(target)[0]
+    return [(variable.name, variable) for variable in target._state_by_name()[1].values()]
+
+
+def _rows(module: Any) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Returns one row per sub-Module and variable, in attribute order, and the totals.
 
     A sub-Module's row holds the subtotal of the variables listed below it; each row has a
     ``depth`` (how many sub-Modules it is in) and a ``kind``.
     """
-    found = walk(module)[0]
+    found = _found(module)
     rows: list[dict[str, Any]] = []
     open_modules: list[dict[str, Any]] = []  # the sub-Module rows holding the current row
     totals = dict(variables=0, params=0, bytes=0, trainable_params=0, trainable_bytes=0)
@@ -127,7 +135,7 @@ def _totals_line(totals: dict[str, int]) -> str:
     )
 
 
-def summary_text(module: Node) -> str:
+def summary_text(module: Any) -> str:
     """Returns the plain-text table that `summary` prints where there is no terminal."""
     rows, totals = _rows(module)
     header: list[str] = list(_COLUMNS)
@@ -146,7 +154,7 @@ def summary_text(module: Node) -> str:
     return "\n".join(text + [_totals_line(totals)]) + "\n"
 
 
-def _print_rich(module: Node, file: TextIO) -> None:
+def _print_rich(module: Any, file: TextIO) -> None:
     rows, totals = _rows(module)
     table = Table(title=type(module).__name__, title_justify="left")
     for column in _COLUMNS:
@@ -163,8 +171,11 @@ def _print_rich(module: Node, file: TextIO) -> None:
     console.print(_totals_line(totals), soft_wrap=True)
 
 
-def summary(module: Node, *, file: TextIO | None = None) -> None:
+def summary(module: Any, *, file: TextIO | None = None) -> None:
     """Prints a table of a Module's variables, like Keras's ``model.summary()``.
+
+    An Optimizer's table lists its state variables (the step count, then the optax state
+    named after the parameters).
 
     One row per variable, in attribute order, by path (and explicit name, if it has one):
     shape, dtype, trainable, placement (the device, or the sharding over several devices),
@@ -175,11 +186,11 @@ def summary(module: Node, *, file: TextIO | None = None) -> None:
     copied or read to the host.
 
     Args:
-      module: the Module to describe.
+      module: the Module (or Optimizer) to describe.
       file: where to print; ``sys.stdout`` by default.
 
     Raises:
-      TypeError: if ``module`` is not a `statevar.Module`.
+      TypeError: if ``module`` is neither a `statevar.Module` nor a `statevar.Optimizer`.
 
     Example:
       >>> import statevar
@@ -202,10 +213,10 @@ def summary(module: Node, *, file: TextIO | None = None) -> None:
       -----------------------------------------------------------------------
       Total: 4 params (16 B) in 3 variables; trainable 3 (12 B), non-trainable 1 (4 B)
     """
-    if not isinstance(module, Node):
+    if not (isinstance(module, Node) or has_named_variables(module)):
         raise TypeError(
-            f"Expected statevar.summary's module to be a statevar.Module, got "
-            f"{type(module).__name__}"
+            f"Expected statevar.summary's module to be a statevar.Module or "
+            f"statevar.Optimizer, got {type(module).__name__}"
         )
     out = sys.stdout if file is None else file
     isatty = getattr(out, "isatty", None)

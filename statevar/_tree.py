@@ -254,11 +254,13 @@ def iter_variables(target: Any, what: str = "the target") -> Iterator[tuple[str,
 def variable_tree(target: Any, what: str) -> Any:
     """Returns ``target`` as a pytree whose leaves are Variables.
 
-    A Variable stays a Variable, a Node becomes a dict keyed by its variables' names, and
-    lists, tuples and dicts keep their structure (Nodes inside them become dicts too).
+    A Variable stays a Variable, a Node becomes a dict keyed by its variables' names, an
+    Optimizer a dict of its state variables keyed as a checkpoint keys them under its name
+    (``"iterations"``, ``"mu/kernel"``), and lists, tuples and dicts keep their structure
+    (Nodes and Optimizers inside them become dicts too).
 
     Args:
-      target: a Variable, a Module, or a list, tuple or dict of them.
+      target: a Variable, a Module, an Optimizer, or a list, tuple or dict of them.
       what: how the caller names ``target`` in messages (e.g. ``"statevar.grad's wrt"``).
 
     Raises:
@@ -273,6 +275,8 @@ def _variable_tree(obj: Any, path: str, what: str) -> Any:
         return obj
     if isinstance(obj, Node):
         return named_variables(obj)
+    if has_named_variables(obj):  # an Optimizer: its state variables, as `save` keys them
+        return obj._state_by_name()[1]
     if isinstance(obj, (list, tuple)):
         return type(obj)(_variable_tree(item, f"{path}[{i}]", what) for i, item in enumerate(obj))
     if isinstance(obj, dict):
@@ -282,8 +286,8 @@ def _variable_tree(obj: Any, path: str, what: str) -> Any:
         obj,
         what,
         where,
-        f"Expected {what} to be a Variable, a Module, or a list, tuple or dict of them; "
-        f"got {type(obj).__name__} at {where}",
+        f"Expected {what} to be a Variable, a Module, an Optimizer, or a list, tuple or "
+        f"dict of them; got {type(obj).__name__} at {where}",
     )
 
 

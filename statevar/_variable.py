@@ -19,7 +19,7 @@ from ._operators import RefusedInPlace
 from ._state import STATE
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, Operation
 from ._updating import HOT_SLOTS
-from ._view import Readable, traced_update_error
+from ._view import Readable, register_readable, traced_update_error
 
 # jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
@@ -532,7 +532,7 @@ class Variable(RefusedInPlace, Readable):
         return copied
 
 
-jax.tree_util.register_pytree_node_class(Variable)
+register_readable(Variable)
 
 
 def put_back(variables: tuple[Variable, ...], arrays: list[jax.Array]) -> None:

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from . import _placement, _trace
+from ._array_methods import ArrayMethods
 from ._convert import Tracer, is_concrete_array, short_repr
 from ._errors import TraceContextError
 from ._operators import ArrayOperators, RebindingInPlace
@@ -24,9 +25,10 @@ from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, Operation
 _update_lock = STATE.update_lock
 
 
-class Readable(ArrayOperators):
+class Readable(ArrayOperators, ArrayMethods):
     """The read side of a variable, shared by `Variable` and `View`: properties, reads,
-    operators, array protocols and repr. Reads go through ``_read``, which each defines."""
+    operators, jax.Array's read methods (`ArrayMethods`), array protocols and repr. Reads go
+    through ``_read``, which each defines."""
 
     __array_priority__ = 100
     _name: str | None
@@ -316,7 +318,25 @@ class View(RebindingInPlace, Readable):
         )
 
 
-jax.tree_util.register_pytree_node_class(View)
+def register_readable(cls: type[Readable]) -> None:
+    """Registers a variable class as a pytree node (JAX looks up a node's exact type): one
+    child, its value, keyed ``.value`` (``jax.tree_util.keystr`` gives
+    ``".layers/0/kernel.value"`` for a Module's variable)."""
+
+    def flatten_with_keys(variable: Any) -> tuple[tuple[tuple[Any, Any], ...], Any]:
+        (value,), aux = variable.tree_flatten()
+        return ((_VALUE_KEY, value),), aux
+
+    def unflatten(aux: Any, children: Any) -> Any:
+        return cls.tree_unflatten(aux, tuple(children))
+
+    jax.tree_util.register_pytree_with_keys(
+        cls, flatten_with_keys, unflatten, lambda variable: variable.tree_flatten()
+    )
+
+
+_VALUE_KEY = jax.tree_util.GetAttrKey("value")
+register_readable(View)
 
 
 class _DeletedOutside(Exception):

@@ -38,7 +38,11 @@ OPTIONAL_TOOLS = {
     "mkdocs": ["tests/test_docs_site.py"],
     "matplotlib": ["tests/test_examples.py"],
 }
-PLACEMENT_AND_DONATION_TESTS = ["tests/test_gpu.py", "tests/test_placement.py", "tests/test_update.py"]
+PLACEMENT_AND_DONATION_TESTS = [
+    "tests/test_gpu.py",
+    "tests/test_placement.py",
+    "tests/test_update.py",
+]
 
 ENVIRONMENT = """
 import importlib.metadata as metadata, jax, statevar
@@ -63,17 +67,28 @@ class Check:
         """Runs one step, logging to ``<out>/<name>.log``; adds its verdict and tail."""
         log = self.out / f"{name}.log"
         start = time.perf_counter()
-        environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
+        environment = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         with log.open("w") as stream:
             stream.write("$ " + " ".join(command) + "\n")
             stream.flush()
-            code = subprocess.call(command, cwd=ROOT, env=environment, stdout=stream, stderr=subprocess.STDOUT)
+            code = subprocess.call(
+                command, cwd=ROOT, env=environment, stdout=stream, stderr=subprocess.STDOUT
+            )
         seconds = time.perf_counter() - start
         verdict = "PASS" if code == 0 else f"FAIL (exit status {code})"
         if code != 0:
             self.failed.append(name)
         tail = log.read_text(errors="replace").splitlines()[-12:]
-        self.lines += [f"== {name}: {verdict}, {seconds:.0f} s", *("   " + line for line in tail), ""]
+        self.lines += [
+            f"== {name}: {verdict}, {seconds:.0f} s",
+            *("   " + line for line in tail),
+            "",
+        ]
         return log.read_text(errors="replace")
 
     def note(self, text: str) -> None:
@@ -87,18 +102,29 @@ class Check:
 
 
 def has_gpu() -> bool:
-    probe = "import jax, sys\ntry:\n    sys.exit(0 if jax.devices('gpu') else 1)\nexcept RuntimeError:\n    sys.exit(1)"
+    probe = (
+        "import jax, sys\n"
+        "try:\n    sys.exit(0 if jax.devices('gpu') else 1)\n"
+        "except RuntimeError:\n    sys.exit(1)"
+    )
     return subprocess.call([sys.executable, "-c", probe], cwd=ROOT, stderr=subprocess.DEVNULL) == 0
 
 
 def left_out() -> list[str]:
     """The tests needing a tool this Python lacks."""
-    return [test for tool, tests in OPTIONAL_TOOLS.items() if importlib.util.find_spec(tool) is None for test in tests]
+    return [
+        test
+        for tool, tests in OPTIONAL_TOOLS.items()
+        if importlib.util.find_spec(tool) is None
+        for test in tests
+    ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="statevar's GPU check")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu_check"))
+    parser.add_argument(
+        "--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu_check")
+    )
     parser.add_argument("--cpu-only", action="store_true", help="the CPU path alone")
     parser.add_argument("--tests", nargs="*", default=["tests"], help="the CPU suite's tests")
     parser.add_argument("--gib", type=float, default=1.0, help="the bandwidth step's size")
@@ -109,7 +135,9 @@ def main() -> int:
     python = sys.executable
     gpu = has_gpu()
     platform = {"JAX_PLATFORMS": "cpu"} if args.cpu_only else {}
-    check.note(f"statevar GPU check, {time.strftime('%Y-%m-%d %H:%M:%S')}, python {sys.version.split()[0]}")
+    check.note(
+        f"statevar GPU check, {time.strftime('%Y-%m-%d %H:%M:%S')}, python {sys.version.split()[0]}"
+    )
     check.note(f"GPU found: {gpu}{' (ignored: --cpu-only)' if args.cpu_only else ''}\n")
     if not gpu and not args.cpu_only:
         check.failed.append("no GPU found")
@@ -117,21 +145,42 @@ def main() -> int:
     check.run("environment", [python, "-c", "import sys\n" + ENVIRONMENT, str(ROOT)], platform)
     if args.cpu_only:
         check.note("== gpu-tests: skipped (--cpu-only)\n")
+    elif not gpu:
+        check.note("== gpu-tests: skipped (no GPU found)\n")
     else:
-        check.run("gpu-tests", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PLACEMENT_AND_DONATION_TESTS])
+        check.run(
+            "gpu-tests",
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PLACEMENT_AND_DONATION_TESTS],
+        )
 
     missing = left_out()
     deselect = [flag for test in missing for flag in ("--deselect", test)]
-    parallel = ["-n", str(args.workers)] if args.workers > 1 and importlib.util.find_spec("xdist") else []
+    parallel = (
+        ["-n", str(args.workers)] if args.workers > 1 and importlib.util.find_spec("xdist") else []
+    )
     check.run(
         "cpu-suite",
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", *parallel, *deselect, *args.tests],
+        [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:benchmark",
+            *parallel,
+            *deselect,
+            *args.tests,
+        ],
         {"JAX_PLATFORMS": "cpu"},
     )
     if missing:
         check.note(f"   left out, their tools missing here: {', '.join(missing)}\n")
 
-    check.run("bandwidth", [python, "benchmarks/assign.py", "--gib", str(args.gib), "--check"], platform)
+    check.run(
+        "bandwidth", [python, "benchmarks/assign.py", "--gib", str(args.gib), "--check"], platform
+    )
     report = check.write()
     print(report.read_text())
     return 1 if check.failed else 0
