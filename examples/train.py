@@ -1,12 +1,15 @@
 """Trains a small MLP on a synthetic regression task with statevar.
 
-The model is a `statevar.Module`; each training step is one `statevar.jit` call that
-computes the loss and gradients with `statevar.value_and_grad`, applies Adam through a
-`statevar.Optimizer` and advances a non-trainable step counter, all updated in place in
-donated buffers. The step counter also picks the mini-batch, so the run is deterministic:
+The model is a `statevar.Module` with dropout between its layers while training, its masks
+drawn from a `statevar.random.Generator` the model holds; each training step is one
+`statevar.jit` call that computes the loss and gradients with `statevar.value_and_grad`,
+applies Adam through a `statevar.Optimizer` and advances a non-trainable step counter, all
+updated in place in donated buffers (the generator's key too: each step draws new masks,
+with no key argument). The step counter also picks the mini-batch, so the run is deterministic:
 the same seed and step give the same batch. Runs in a few seconds on CPU:
 
-    python examples/train.py [--steps 2000] [--save-every 500] [--checkpoint-dir checkpoints]
+    python examples/train.py [--steps 2000] [--dropout 0.1] [--save-every 500]
+                             [--checkpoint-dir checkpoints]
 
 Prints a summary table of the model first. A `statevar.CheckpointManager` saves the
 model, the step counter and the optimizer every ``--save-every`` steps and at the last
@@ -62,16 +65,25 @@ class Dense(statevar.Module):
 
 
 class MLP(statevar.Module):
-    """A multilayer perceptron with ReLU between its layers."""
+    """A multilayer perceptron with ReLU between its layers, and dropout after each ReLU
+    while training (inverted dropout: the units kept are scaled by ``1 / (1 - rate)``)."""
 
-    def __init__(self, key: jax.Array, sizes: Sequence[int]):
-        keys = jax.random.split(key, len(sizes) - 1)
+    def __init__(self, key: jax.Array, sizes: Sequence[int], dropout_rate: float = 0.0):
+        layers_key, dropout_key = jax.random.split(key)
+        keys = jax.random.split(layers_key, len(sizes) - 1)
         shapes = zip(sizes[:-1], sizes[1:], strict=True)
         self.layers = [Dense(k, n_in, n_out) for k, (n_in, n_out) in zip(keys, shapes, strict=True)]
+        self.dropout_rate = dropout_rate
+        # Draws the dropout masks. Its key is a variable of the model ("rng/state"), saved
+        # with it, so a resumed run drops the same units as an uninterrupted one.
+        self.rng = statevar.random.Generator(dropout_key)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, training: bool = False) -> jax.Array:
         for layer in self.layers[:-1]:
             x = jax.nn.relu(layer(x))
+            if training and self.dropout_rate > 0:
+                keep = self.rng.bernoulli(1.0 - self.dropout_rate, x.shape)
+                x = jnp.where(keep, x / (1.0 - self.dropout_rate), 0.0)
         return self.layers[-1](x)
 
 
@@ -96,8 +108,8 @@ def make_dataset(key: jax.Array, num_examples: int = NUM_EXAMPLES) -> tuple[jax.
     return x, y
 
 
-def mean_squared_error(model: MLP, x: jax.Array, y: jax.Array) -> jax.Array:
-    return jnp.mean((model(x) - y) ** 2)
+def mean_squared_error(model: MLP, x: jax.Array, y: jax.Array, training: bool = False) -> jax.Array:
+    return jnp.mean((model(x, training) - y) ** 2)
 
 
 def make_train_step(
@@ -105,12 +117,12 @@ def make_train_step(
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """Returns the compiled training step: ``train_step(x, y)`` returns the batch loss.
 
-    Each call trains on the mini-batch that ``step`` selects from ``x`` and ``y``, updates
-    ``model``, the optimizer's state and ``step`` in place (their buffers are donated), and
-    leaves ``x`` and ``y`` untouched.
+    Each call trains on the mini-batch that ``step`` selects from ``x`` and ``y``, with new
+    dropout masks, updates ``model`` (its generator's key included), the optimizer's state
+    and ``step`` in place (their buffers are donated), and leaves ``x`` and ``y`` untouched.
     """
     loss_and_grads = statevar.value_and_grad(
-        lambda xb, yb: mean_squared_error(model, xb, yb), model
+        lambda xb, yb: mean_squared_error(model, xb, yb, training=True), model
     )
 
     @statevar.jit
@@ -199,7 +211,12 @@ def main(argv: Sequence[str] | None = None) -> Run:
     parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
     parser.add_argument("--batch-size", type=int, default=128, help="examples per step")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="Adam's step size")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data and weights")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the data, weights and dropout masks"
+    )
+    parser.add_argument(
+        "--dropout", type=float, default=0.1, help="dropout rate while training (default 0.1)"
+    )
     parser.add_argument(
         "--max-loss-ratio",
         type=float,
@@ -232,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> Run:
     args = parser.parse_args(argv)
     if not 0 < args.batch_size <= NUM_EXAMPLES:
         parser.error(f"--batch-size must be between 1 and {NUM_EXAMPLES}, got {args.batch_size}")
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout must be at least 0 and below 1, got {args.dropout}")
     if args.save_every < 1:
         parser.error(f"--save-every must be a positive number of steps, got {args.save_every}")
     if args.keep < 1:
@@ -251,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> Run:
 
     data_key, model_key = jax.random.split(jax.random.key(args.seed))
     x, y = make_dataset(data_key)
-    model = MLP(model_key, [IN_FEATURES, HIDDEN, 1])
+    model = MLP(model_key, [IN_FEATURES, HIDDEN, 1], dropout_rate=args.dropout)
     optimizer = statevar.Optimizer(optax.adam, model, learning_rate=args.learning_rate)
     step = statevar.Variable(0, trainable=False, name="step")
     train_step = make_train_step(model, optimizer, step, args.batch_size)
@@ -259,8 +278,9 @@ def main(argv: Sequence[str] | None = None) -> Run:
     model.summary()
 
     # The step counter and the optimizer (its iterations and Adam's moments, named
-    # optimizer/mu/layers/0/kernel and so on) are saved with the model, so that a resumed
-    # run continues exactly where it stopped.
+    # optimizer/mu/layers/0/kernel and so on) are saved with the model (its dropout
+    # generator's key, rng/state, included), so that a resumed run continues exactly where
+    # it stopped.
     state = {"model": model, "step": step, "optimizer": optimizer}
 
     # The untrained model's loss, the yardstick of the convergence check, is the same for a

@@ -1,13 +1,18 @@
 """statevar: mutable, TensorFlow-style variables on JAX, updated in place."""
 
+from . import random as random
 from ._caches import clear_caches as clear_caches
 from ._checkpoint import RestoreResult as RestoreResult
 from ._checkpoint import restore as restore
 from ._checkpoint import save as save
+from ._copies import CopyWarning as CopyWarning
+from ._copies import copy_policy as copy_policy
+from ._copies import set_copy_policy as set_copy_policy
 from ._errors import CheckpointCorruptedError as CheckpointCorruptedError
 from ._errors import CheckpointExistsError as CheckpointExistsError
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import CopyError as CopyError
 from ._errors import DtypeMismatchError as DtypeMismatchError
 from ._errors import PlacementError as PlacementError
 from ._errors import ShapeMismatchError as ShapeMismatchError
@@ -19,6 +24,7 @@ from ._grad import grad as grad
 from ._grad import value_and_grad as value_and_grad
 from ._jit import jit as jit
 from ._manager import CheckpointManager as CheckpointManager
+from ._memory_report import MemoryReport as MemoryReport
 from ._module import Module as Module
 from ._optim import Optimizer as Optimizer
 from ._per_replica import PerReplica as PerReplica
@@ -27,6 +33,7 @@ from ._placement import device as device
 from ._placement import mesh as mesh
 from ._placement import set_log_device_placement as set_log_device_placement
 from ._placement import set_soft_device_placement as set_soft_device_placement
+from ._pytree import OptimizerState as OptimizerState
 from ._reshard import reshard as reshard
 from ._summary import summary as summary
 from ._variable import Variable as Variable
@@ -39,9 +46,13 @@ __all__ = [
     "CheckpointManager",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "CopyError",
+    "CopyWarning",
     "DtypeMismatchError",
+    "MemoryReport",
     "Module",
     "Optimizer",
+    "OptimizerState",
     "PerReplica",
     "PlacementError",
     "PlacementWarning",
@@ -51,6 +62,7 @@ __all__ = [
     "TraceContextError",
     "Variable",
     "clear_caches",
+    "copy_policy",
     "device",
     "grad",
     "jit",
@@ -59,6 +71,7 @@ __all__ = [
     "reshard",
     "restore",
     "save",
+    "set_copy_policy",
     "set_log_device_placement",
     "set_soft_device_placement",
     "stateless_call",

@@ -81,8 +81,9 @@ def test_train_prints_a_summary_lowers_the_loss_and_saves_checkpoints_and_a_curv
     assert "saved step 20" in out and "saved step 50" in out
     assert statevar.CheckpointManager(directory).all_steps() == [20, 40, 50]
     # The summary comes first; the loss curve goes beside the checkpoints.
-    assert out.index("Total: 2,177 params (8.5 KiB) in 4 variables") < out.index("first loss")
-    assert "  layers/0/kernel  (32, 64)  float32  yes" in out
+    assert out.index("Total: 2,179 params (8.5 KiB) in 5 variables") < out.index("first loss")
+    assert "  layers/0/kernel  (32, 64)   float32  yes" in out
+    assert "  rng/state        (2,)       uint32   no" in out  # the dropout generator's key
     assert f"wrote the loss curve to {str(directory / 'loss.png')!r}" in out
     image = matplotlib.image.imread(directory / "loss.png")
     assert image.shape == (400, 600, 4)  # 6 x 4 inches at 100 dpi, RGBA
@@ -162,6 +163,8 @@ def test_train_fails_when_the_loss_does_not_fall_enough(train_example, tmp_path,
         (["--save-every", "0"], "--save-every must be a positive number of steps, got 0"),
         (["--batch-size", "0"], "--batch-size must be between 1 and 4096, got 0"),
         (["--keep", "0"], "--keep must be a positive number of checkpoints, got 0"),
+        (["--dropout", "1"], "--dropout must be at least 0 and below 1, got 1.0"),
+        (["--dropout", "-0.5"], "--dropout must be at least 0 and below 1, got -0.5"),
     ],
 )
 def test_train_rejects_invalid_arguments(train_example, tmp_path, capsys, arguments, message):

@@ -166,7 +166,8 @@ def test_grad_does_not_change_variables():
 @pytest.mark.parametrize("bad", [3.0, "kernel", [statevar.Variable(1.0), 2.0], {"a": None}])
 def test_wrt_must_be_variables(bad):
     with pytest.raises(
-        TypeError, match="Expected statevar.grad's wrt to be a Variable, a Module, an Optimizer, or a list"
+        TypeError,
+        match="Expected statevar.grad.s wrt to be a Variable, a Module, an Optimizer, or a list",
     ):
         statevar.grad(lambda: 0.0, bad)
 

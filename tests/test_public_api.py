@@ -43,3 +43,13 @@ def test_errors_subclass_the_builtin_a_user_would_catch(error, builtin):
 
 def test_placement_warning_is_a_user_warning():
     assert issubclass(statevar.PlacementWarning, UserWarning)
+
+
+def test_random_is_a_submodule_whose_names_exist():
+    import statevar.random as imported
+
+    assert statevar.random is imported
+    assert imported.__all__ == ["Generator"]
+    assert all(getattr(imported, name, None) is not None for name in imported.__all__)
+    # A namespace, not a name: a star import leaves the standard library's random alone.
+    assert "random" not in statevar.__all__

@@ -105,7 +105,8 @@ def test_summary_shows_shardings_explicit_names_and_large_sizes():
 
 def test_summary_of_something_else_is_refused():
     with pytest.raises(
-        TypeError, match="Expected statevar.summary's module to be a statevar.Module or statevar.Optimizer, got list"
+        TypeError,
+        match="Expected statevar.summary.s module to be a statevar.Module or statevar.Optimizer",
     ):
         statevar.summary([statevar.Variable(1.0)])
 
