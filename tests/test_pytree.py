@@ -347,3 +347,23 @@ def test_at_is_refused_with_the_way_to_update_in_place():
     with pytest.raises(AttributeError, match=r"Variable 'w' has no \.at: .*v\[i\] = x.*v\.assign"):
         v.at[0].set(5.0)
     assert v.numpy().tolist() == [1.0, 2.0]
+
+
+def test_static_attributes_are_part_of_the_structure_and_jax_jit_retraces_when_they_change():
+    class Scaled(statevar.Module):
+        def __init__(self, factors):
+            self.w = statevar.Variable(jnp.ones(2))
+            self.factors = factors  # a set: static, and unhashable in a tuple of leaves
+
+    traces = []
+
+    @jax.jit
+    def apply(module):
+        traces.append(1)
+        return module.w * sum(module.factors)
+
+    chex.assert_trees_all_close(apply(Scaled({1.0, 2.0})), jnp.full(2, 3.0))
+    chex.assert_trees_all_close(apply(Scaled({1.0, 2.0})), jnp.full(2, 3.0))  # equal: cached
+    chex.assert_trees_all_close(apply(Scaled({4.0})), jnp.full(2, 4.0))
+    assert len(traces) == 2
+    assert jax.tree.structure(Scaled({1.0})) != jax.tree.structure(Scaled({2.0}))
