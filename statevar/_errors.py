@@ -38,6 +38,12 @@ class TraceContextError(StatevarError, RuntimeError):
     """A variable was created or assigned where a transformation forbids it."""
 
 
+class CopyError(StatevarError, BufferError):
+    """An update or a compiled step would copy a variable instead of donating its buffer,
+    and the copy policy is ``"raise"`` (see `statevar.set_copy_policy`): a buffer could not
+    be used as asked."""
+
+
 class CheckpointNotFoundError(StatevarError, FileNotFoundError):
     """The checkpoint directory or step does not exist."""
 
@@ -52,6 +58,12 @@ class CheckpointMismatchError(StatevarError, ValueError):
 
 class CheckpointCorruptedError(StatevarError, ValueError):
     """A checkpoint's data does not match the checksums stored with it."""
+
+
+class CheckpointWriteError(StatevarError, OSError):
+    """Writing a checkpoint failed (a full disk, a directory that cannot be written); the
+    checkpoints saved before it are left as they were. ``errno`` is the operating system's
+    error code when the cause gives one."""
 
 
 def interrupted_update_error(action: str) -> StatevarError:

@@ -12,10 +12,16 @@ from typing import Any, cast, overload
 
 import jax
 
-from . import _caches, _placement, _trace, _variable
+from . import _caches, _memory_report, _placement, _trace, _variable
 from ._closure import closure_variables
 from ._convert import Tracer
-from ._errors import PlacementError, StatevarError, TraceContextError, interrupted_update_error
+from ._errors import (
+    CopyError,
+    PlacementError,
+    StatevarError,
+    TraceContextError,
+    interrupted_update_error,
+)
 from ._jit_cache import (
     Cache,
     Entry,
@@ -24,10 +30,12 @@ from ._jit_cache import (
     split_call,
     under_transformation,
 )
+from ._memory_report import MemoryReport
 from ._signals import held_signals
 from ._state import STATE
 from ._tree import Node
 from ._typing import Compiled, Params, Result
+from ._update import held_elsewhere
 from ._variable import Variable
 from ._warm_call import Miss, warm_call
 
@@ -136,6 +144,24 @@ class JitFunction:
         entry, arrays, _, _ = self._trace(key, entry, dynamic, donating=False)
         return entry.jitted.lower(arrays, dynamic)
 
+    def memory_report(self, *args: Any, **kwargs: Any) -> MemoryReport:
+        """Reports what a call with these arguments needs, by XLA's plan (see
+        `statevar.MemoryReport`). Compiles the step (its calls reuse the compiled program);
+        runs nothing, donates nothing. A variable with a read alive shows as copied.
+
+        Raises:
+          PlacementError: if variables and arguments are on different sets of devices.
+        """
+        key, entry, dynamic = self._prepare(args, kwargs)
+        entry, arrays, _, _ = self._trace(key, entry, dynamic, donating=False)
+        held = held_elsewhere(arrays)  # before anything else holds the arrays
+        return _memory_report.build(self.__name__, entry, arrays, held, dynamic)
+
+    @property
+    def copy_action(self) -> str:
+        """How the copy policy's messages name this function's calls."""
+        return f"The statevar.jit function {self.__name__!r}"
+
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[Any, Entry, tuple[Any, ...]]:
         """Splits a call; returns the key of its entry, the entry (made on first use) and
         its array arguments."""
@@ -219,7 +245,7 @@ class JitFunction:
             self._check_devices(entry.lifted, [v._value for v in entry.lifted], dynamic)
             if donating:
                 _commit_to_arguments(entry, dynamic)
-                arrays, originals = entry.arrays()
+                arrays, originals = entry.arrays(self.copy_action)
             else:
                 arrays = originals = [v._value for v in entry.lifted]
             found = entry.trace(arrays, dynamic)
@@ -251,6 +277,7 @@ class JitFunction:
                 raise self._failed_call(entry.lifted, arrays, error) from error
             lifted = entry.lifted
             try:
+                entry.check_donations(arrays, dynamic, self.copy_action)
                 with held_signals():
                     outputs = itertools.starmap(entry.jitted, ((arrays, dynamic),))
                     result = _variable.bulk_store(lifted)(outputs)
@@ -268,6 +295,8 @@ class JitFunction:
                         # committed constant): every compiled step's next call, and each
                         # variable's next eager update, run as first calls.
                         STATE.bump_compile_epoch()
+            except CopyError:
+                raise  # refused before the call: nothing donated, no variable changed
             except Exception as error:
                 raise self._failed_call(entry.lifted, arrays, error, dynamic) from error
             retraced = entry.last_found  # JAX traced again rather than reuse the trace
@@ -466,7 +495,9 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
 
     Args:
       fn: the function. Its arguments may hold Variables, Modules, arrays and Python
-        scalars; anything else is treated as static.
+        numbers (traced); a Python bool, or anything else, is static: each value its own
+        trace. ``step.memory_report(*args)`` reports what a call needs (see
+        `statevar.MemoryReport`).
       **jit_kwargs: passed to `jax.jit`, except ``donate_argnums`` and ``donate_argnames``;
         ``static_argnums`` and ``static_argnames`` mark arguments static as in `jax.jit`.
 
@@ -504,6 +535,7 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         # A plain function gives a plain function: it binds as a method, Python calls it
         # fastest, and a deep copy shares it, as it shares any function.
         call.jit_function, call._jit_kwargs, call.lower = compiled, jit_kwargs, compiled.lower
+        call.memory_report = compiled.memory_report
         STATE.compiled_functions.add(call)
         return _wrap(call, fn)
     # A bound method (an Optimizer's, say), a partial or a callable object belongs to an
@@ -525,6 +557,7 @@ class CompiledFunction(functools.partial):
     # functions `jit` returns.
     jit_function: JitFunction
     lower: Callable[..., jax.stages.Lowered]
+    memory_report: Callable[..., MemoryReport]
     _jit_kwargs: dict[str, Any]
 
     def __new__(
@@ -533,6 +566,7 @@ class CompiledFunction(functools.partial):
         self = super().__new__(cls, call)
         self.jit_function = compiled
         self.lower = compiled.lower
+        self.memory_report = compiled.memory_report
         self._jit_kwargs = jit_kwargs
         return self
 

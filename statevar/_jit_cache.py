@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _trace, _update, _variable
+from . import _copies, _trace, _update, _variable
 from ._convert import Tracer
 from ._errors import TraceContextError
 from ._state import STATE
@@ -99,6 +99,9 @@ class Entry:
         the entry lifts since makes a new entry, traced again (see `ProcessState.stale`).
       call: the lean warm call (see `_warm_call.warm_call`), once the entry has run; None
         before.
+      refused: the lifted variables whose donation JAX refused when it lowered the step
+        (no output could take the buffer, or the platform does not donate), by index, with
+        the cause (see `_copies.refused`).
     """
 
     __slots__ = (
@@ -111,6 +114,7 @@ class Entry:
         "epoch",
         "structure",
         "call",
+        "refused",
         "_traced",
     )
 
@@ -133,15 +137,21 @@ class Entry:
         self.epoch = STATE.compile_epoch
         self.structure = STATE.structure_epoch
         self.call: Callable[[tuple[Any, ...]], Any] | None = None
+        self.refused: dict[int, str] = {}
 
-    def arrays(self) -> tuple[list[jax.Array], list[jax.Array]]:
+    def arrays(self, action: str) -> tuple[list[jax.Array], list[jax.Array]]:
         """The lifted variables' arrays ready to donate (each held by its variable alone, or
         a copy: an array read earlier stays valid), and their own arrays, to put back if the
-        call turns out to be traced. Call it under `ProcessState.update_lock`."""
+        call turns out to be traced. Call it under `ProcessState.update_lock`; ``action``
+        names the call for the copy policy.
+
+        Raises:
+          CopyError: under the copy policy ``"raise"``, for an array held elsewhere.
+        """
         arrays = [v._value for v in self.lifted]
         # One pass in C for the common case: every array held by its variable alone.
         if sum(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP * len(arrays):
-            return _update.copy_shared(arrays), arrays
+            return _update.copy_shared(arrays, self.lifted, action), arrays
         return arrays, arrays
 
     def trace(self, arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Found:
@@ -151,6 +161,26 @@ class Entry:
         found = self._traced.found
         assert found is not None  # set by every trace of the pure function
         return found
+
+    def check_donations(self, arrays: list[jax.Array], dynamic: tuple, action: str) -> None:
+        """Before the first call for these arguments, lowers the step (JAX keeps the
+        lowering for the call) and applies the copy policy to each variable whose donation
+        it refuses: the step would copy it. Runs nothing and donates nothing.
+
+        Raises:
+          CopyError: under the copy policy ``"raise"``.
+        """
+        _, refusal = _copies.lower_checked(lambda: self.jitted.lower(arrays, dynamic))
+        if refusal is not None:
+            self.refused = _copies.refused(refusal, arrays)
+        if self.refused:
+            indices = sorted(self.refused)
+            _copies.check_many(
+                [self.lifted[i] for i in indices],
+                [arrays[i].nbytes for i in indices],
+                [self.refused[i] for i in indices],
+                action,
+            )
 
     @property
     def last_found(self) -> Found | None:
@@ -204,13 +234,15 @@ def _check_result(fn: Callable, result: Any) -> None:
     Raises:
       TypeError: for a leaf that is not an array or a number (a Module, say).
     """
-    for path, leaf in jax.tree.leaves_with_path(result):
+    # A Module or Optimizer is a pytree, but a step's variables are not its results.
+    holds_state = lambda x: isinstance(x, Node) or hasattr(type(x), "_statevar_variables")  # noqa: E731
+    for path, leaf in jax.tree.leaves_with_path(result, is_leaf=holds_state):
         if not isinstance(leaf, _RESULT_TYPES):
             name = getattr(fn, "__name__", type(fn).__name__)
             place = f" at {jax.tree_util.keystr(path)}" if path else ""
             hint = (
                 ": its variables stay where they are, to read after the call"
-                if isinstance(leaf, Node) or hasattr(type(leaf), "_statevar_variables")
+                if holds_state(leaf)
                 else ""
             )
             raise TypeError(
@@ -368,9 +400,9 @@ def split_call(
 ) -> Split:
     """Splits a call's arguments into its entry's key, its array arguments and its state.
 
-    Arrays and scalars are dynamic (unless marked static); Variables and Modules are state,
-    keyed by id (a Module also by the ids of its variables, so replacing one retraces);
-    anything else is static, keyed by value.
+    Arrays and numbers are dynamic (unless marked static), Python bools static; Variables
+    and Modules are state, keyed by id (a Module also by the ids of its variables, so
+    replacing one retraces); anything else is static, keyed by value.
 
     Raises:
       TypeError: if a static argument is not hashable.
@@ -382,7 +414,13 @@ def split_call(
     dynamic, variables, fixed, structures = [], [], [], []
     flat = True  # no static argument among the leaves
     for position, leaf in enumerate(leaves):
-        if isinstance(leaf, _ARRAY_TYPES) and not is_static(treedef, position):
+        # A Python bool is static, as tf.function and equinox keep it: `if training:`
+        # works, each value its own trace. Other numbers are traced, as jax.jit does.
+        if (
+            isinstance(leaf, _ARRAY_TYPES)
+            and leaf.__class__ is not bool
+            and not is_static(treedef, position)
+        ):
             if isinstance(leaf, Tracer):
                 raise under_transformation(name)
             STATE.concrete_argument_types.add(type(leaf))

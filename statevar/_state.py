@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 
 # The exact types of the concrete (non-tracer) array arguments `statevar.jit` starts with.
-_ARGUMENT_TYPES = (np.ndarray, bool, int, float, complex)
+# Not bool: a Python bool argument is static (see `_jit_cache.split_call`).
+_ARGUMENT_TYPES = (np.ndarray, int, float, complex)
+# The copy policy a process starts with: warn of copies of 64 MiB or more.
+DEFAULT_COPY_POLICY = "warn"
+DEFAULT_COPY_MIN_BYTES = 64 * 2**20
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -70,6 +74,11 @@ class ProcessState:
         saving into one directory would delete each other's data.
       concrete_argument_types: the exact types of the concrete (non-tracer) array arguments
         `statevar.jit` has seen; its fast path accepts arguments of these types only.
+      copy_policy: what an update or a compiled step does when it copies a variable
+        instead of donating its buffer: ``"silent"``, ``"warn"`` or ``"raise"``
+        (`statevar.set_copy_policy`). Read in Python around the calls only: never part of
+        a JAX cache key or trace context.
+      copy_min_bytes: the size from which `copy_policy` applies; smaller copies are silent.
     """
 
     update_lock: Any = dataclasses.field(default_factory=threading.RLock)
@@ -89,6 +98,8 @@ class ProcessState:
     concrete_argument_types: set[type] = dataclasses.field(
         default_factory=lambda: set(_ARGUMENT_TYPES)
     )
+    copy_policy: str = DEFAULT_COPY_POLICY
+    copy_min_bytes: int = DEFAULT_COPY_MIN_BYTES
     # Guards the changes of `compile_epoch`, `open_trace_frames` and `hot_epoch`, which the
     # last is computed from.
     _counters_lock: Any = dataclasses.field(default_factory=threading.Lock)

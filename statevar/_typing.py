@@ -10,6 +10,8 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 import jax
 
+from ._memory_report import MemoryReport
+
 Params = ParamSpec("Params")
 Result = TypeVar("Result", covariant=True)
 
@@ -22,6 +24,10 @@ class Compiled(Protocol, Generic[Params, Result]):
 
     def lower(self, *args: Params.args, **kwargs: Params.kwargs) -> jax.stages.Lowered:
         """JAX's `Lowered` for these arguments, for inspection; runs and changes nothing."""
+        ...
+
+    def memory_report(self, *args: Params.args, **kwargs: Params.kwargs) -> MemoryReport:
+        """The memory a call with these arguments needs, by XLA's plan; runs nothing."""
         ...
 
     # A compiled method binds like a function; checkers then see the bound method as Any.

@@ -23,7 +23,7 @@ from jax import lax
 from jax.core import Tracer
 from jax.sharding import Sharding
 
-from . import _caches
+from . import _caches, _copies
 from ._placement import is_explicit, pin
 
 
@@ -232,17 +232,35 @@ SOLE_HOLDER_WITH_LOCAL = _calibrate_local()
 SOLE_HOLDER_IN_MAP, _SOLE_HOLDER_IN_LOOP = _calibrate_list()
 
 
-def copy_shared(arrays: list[jax.Array]) -> list[jax.Array]:
+def held_elsewhere(arrays: list[jax.Array]) -> list[bool]:
+    """For each of ``arrays``, a list holding each variable's ``_value`` and nothing more,
+    whether something else holds it too (a read still alive): an update would copy it."""
+    return [sys.getrefcount(a) > _SOLE_HOLDER_IN_LOOP for a in arrays]
+
+
+def copy_shared(arrays: list[jax.Array], variables: tuple, action: str) -> list[jax.Array]:
     """Returns ``arrays`` with every array that something else still holds replaced by a copy.
 
-    ``arrays`` must hold each variable's ``_value`` and nothing more, so that the result can
-    be donated: the copies are donated in place of the shared arrays, which stay valid.
-    Callers first check ``sum(map(sys.getrefcount, arrays)) > SOLE_HOLDER_IN_MAP *
-    len(arrays)``, which is true when any array is shared: every array counts at least
-    ``SOLE_HOLDER_IN_MAP`` there (`sum` rather than `max`, which parses keywords on every
-    call).
+    ``arrays`` must hold each variable's ``_value`` (of ``variables``, in order) and nothing
+    more, so that the result can be donated: the copies are donated in place of the shared
+    arrays, which stay valid. The copy policy sees each copy first (``action`` names the
+    call making them). Callers first check ``sum(map(sys.getrefcount, arrays)) >
+    SOLE_HOLDER_IN_MAP * len(arrays)``, which is true when any array is shared: every array
+    counts at least ``SOLE_HOLDER_IN_MAP`` there (`sum` rather than `max`, which parses
+    keywords on every call).
+
+    Raises:
+      CopyError: under the copy policy ``"raise"``, before anything is copied.
     """
-    return [a if sys.getrefcount(a) <= _SOLE_HOLDER_IN_LOOP else copy_array(a) for a in arrays]
+    shared = held_elsewhere(arrays)
+    held = [i for i, is_shared in enumerate(shared) if is_shared]
+    _copies.check_many(
+        [variables[i] for i in held],
+        [arrays[i].nbytes for i in held],
+        [_copies.HELD] * len(held),
+        action,
+    )
+    return [copy_array(a) if is_shared else a for a, is_shared in zip(arrays, shared, strict=True)]
 
 
 def split_index(index: Any) -> tuple[tuple, tuple]:

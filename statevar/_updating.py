@@ -15,8 +15,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _placement, _trace, _update
-from ._convert import check_not_deleted, convert_for_update
+from . import _copies, _placement, _trace, _update
+from ._convert import Tracer, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, interrupted_update_error
 from ._signals import held_signals
 from ._state import STATE
@@ -127,6 +127,10 @@ def _run_kernel_locked(
     if variable._compiled_generation != STATE.compiled_updates_generation:
         variable._forget_compiled()  # `statevar.clear_caches` dropped them
     first = key not in variable._compiled
+    if shared:
+        _copies.check(variable, _copies.HELD, old.nbytes, operation.name)
+    elif first:
+        check_donation(variable, operation, kernel, key, (old, *operands))
     if not old.committed and any(map(_placement.is_committed, operands)):
         # JAX commits what it computes from a committed array: the variable becomes
         # committed. The new compile epoch starts before the store, so that no
@@ -160,6 +164,38 @@ def _run_kernel_locked(
         slot = HOT_SLOTS.get(operation)
         if slot is not None:
             variable._open_hot_path(slot)
+
+
+def copying_kernel(variable: Any, operation: Operation) -> Any:
+    """The copying kernel of ``operation``, for the eager hot path's update of a variable
+    whose array something else holds, once the copy policy has seen the copy.
+
+    Raises:
+      CopyError: under the copy policy ``"raise"`` (nothing is copied or stored).
+    """
+    if STATE.copy_policy != "silent":
+        _copies.check(variable, _copies.HELD, variable._value.nbytes, operation.name)
+    return operation.copying
+
+
+def check_donation(
+    variable: Any, operation: Operation, kernel: Any, key: Any, arguments: tuple
+) -> None:
+    """Before a donating kernel's first call for a variable, applies the copy policy if
+    JAX refuses the donation (no output can take the buffer, or the platform does not
+    donate): the kernel would copy. Lowers the kernel once per kind of arguments (the
+    call that follows reuses the lowering); runs nothing.
+
+    Raises:
+      CopyError: under the copy policy ``"raise"``.
+    """
+    if any(isinstance(argument, Tracer) for argument in arguments):
+        return  # an outer jax.jit traces the update: nothing is donated
+    old = arguments[0]
+    memo = (kernel, key, old.aval, old.sharding)
+    cause = _copies.kernel_refusal(memo, kernel, arguments)
+    if cause is not None:
+        _copies.check(variable, cause, old.nbytes, operation.name)
 
 
 def record_traced(variable: Any, operation: Operation, value: Any, index: tuple | None) -> Any:

@@ -74,7 +74,7 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
     respect to exceptions raised at any bytecode (``KeyboardInterrupt``, a signal
     handler's): the variable then holds its old or its new array, never a deleted one.
     """
-    name, donating, copying = operation.name, operation.donating, operation.copying
+    name, donating = operation.name, operation.donating
     slot = HOT_SLOTS[operation]
 
     def update(self: Variable, value: jax.typing.ArrayLike | Variable) -> Variable:
@@ -103,9 +103,11 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                     # Python checks for signals at calls and loops, not between unpacking
                     # and storing, so no exception can land between the donation and the
                     # store of its result. The old array is donated when nothing but the
-                    # variable (and `old`) holds it, else copied.
+                    # variable (and `old`) holds it, else copied, as the copy policy allows.
                     (self._value,) = map(
-                        copying if _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL else donating,
+                        _updating.copying_kernel(self, operation)
+                        if _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL
+                        else donating,
                         (old,),
                         (value,),
                     )

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from . import _update, _variable
 from ._convert import Tracer
+from ._errors import CopyError
 from ._jit_cache import Entry
 from ._state import STATE
 from ._variable import Variable
@@ -69,10 +70,12 @@ def call(dynamic):
             _STATE.donating = True
             # `Entry.arrays`, written out: an array read earlier is copied, not donated.
             if _sum(_map(_getrefcount, arrays)) > unshared:
-                arrays = _copy_shared(originals)
+                arrays = _copy_shared(originals, variables, action)
                 calls[0] = (arrays, dynamic)
             _STATE.donating = False
             result = store(call)
+        except _CopyError:
+            raise  # refused before the call: nothing donated, no variable changed
         except Exception as error:
             raise _failed(owner_ref, variables, arrays, error, dynamic) from error
         finally:
@@ -123,6 +126,11 @@ class StepOwner(Protocol):
 
     def _under_transformation(self) -> Exception: ...
 
+    @property
+    def copy_action(self) -> str:
+        """How the copy policy's messages name the step."""
+        ...
+
 
 def _failed(
     owner_ref: weakref.ref[StepOwner],
@@ -145,10 +153,13 @@ _NAMESPACE = {
     "_map": map,
     "_getrefcount": sys.getrefcount,
     "_copy_shared": _update.copy_shared,  # fails on a deleted array
+    # Warnings raised in a warm call point past it, at the caller (`caller_stacklevel`).
+    "__name__": __name__,
     "_starmap": itertools.starmap,
     "_MISS": MISS,
     "_COLD_MISS": COLD_MISS,
     "_failed": _failed,
+    "_CopyError": CopyError,
     "_put_back": _variable.put_back,
     "_isinstance": isinstance,
     "_any": any,
@@ -207,6 +218,7 @@ def warm_call(owner: StepOwner, entry: Entry) -> Callable[[tuple[Any, ...]], Any
         # The sum of the arrays' reference counts when no array is shared.
         "unshared": _update.SOLE_HOLDER_IN_MAP * len(lifted),
         "owner_ref": weakref.ref(owner),
+        "action": owner.copy_action,
     }
     # A code object of its own: Python keeps its caches of global lookups in the code
     # object, and two steps taking turns would otherwise keep invalidating each other's.

@@ -109,6 +109,48 @@ def test_retraces_when_a_shape_changes_and_only_then():
     assert float(total) == 14.0
 
 
+def test_a_python_bool_argument_is_static_each_value_traced_once():
+    model = Linear()
+    dropped = statevar.Variable(0)
+
+    @statevar.jit
+    @chex.assert_max_traces(n=2)  # one trace per value of `training`
+    def step(x, training):
+        if training:  # a Python bool, not a tracer
+            dropped.assign_add(1)
+        return model(x).sum()
+
+    for training in (True, False, True, False, True):
+        step(X, training)
+    # True and False do not share a compiled step, on the warm path either.
+    assert int(dropped) == 3
+
+
+def test_a_bool_nested_in_an_argument_is_static_too():
+    total = statevar.Variable(0.0)
+
+    @statevar.jit
+    def step(x, options):
+        total.assign_add(x * 2 if options["double"] else x)
+
+    step(1.0, {"double": True})
+    step(1.0, {"double": False})
+    assert float(total) == 3.0
+
+
+def test_an_int_step_counter_is_traced_and_does_not_retrace():
+    total = statevar.Variable(0)
+
+    @statevar.jit
+    @chex.assert_max_traces(n=1)
+    def step(count):
+        total.assign_add(count)
+
+    for count in range(5):
+        step(count)  # unlike tf.function, which traces again for each Python number
+    assert int(total) == 10
+
+
 def test_variables_passed_as_arguments_directly_in_containers_and_in_modules():
     a, b = statevar.Variable(1.0), statevar.Variable(2.0)
     model = Linear()

@@ -12,7 +12,10 @@ nothing, and writes one report, ``gpu_check.txt``, with a log per step beside it
    lacks (keras, pyright, mkdocs) are left out by name, and the report lists them.
 4. ``bandwidth``: ``benchmarks/assign.py --gib 1 --check``, ``assign_add`` against a
    device-to-device copy (target: 85% of the copy's bandwidth).
-5. ``memory-report``: a compiled step's ``memory_report`` beside the device's own count.
+5. ``memory-report``: a compiled step's ``memory_report`` (its variables' fates, XLA's
+   temporaries) beside what the device's allocator sees a call use, on a temporary of the
+   bandwidth step's size (where the device counts its memory: the CPU's does not, and the
+   test suite checks the CPU's figures against the process's resident memory).
 
 ``--cpu-only`` runs the steps on the CPU and skips the GPU-marked tests: the path the test
 suite runs (with ``--tests`` and ``--gib`` kept small). The exit status is 0 only when every
@@ -54,6 +57,46 @@ for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "pyte
 print("statevar", statevar.__version__, "from", statevar.__file__)
 print("devices", jax.devices())
 assert statevar.__file__.startswith(sys.argv[1]), "statevar is not this checkout's"
+"""
+
+
+MEMORY_REPORT = """
+import sys
+import jax, jax.numpy as jnp
+from jax import lax
+import statevar
+
+size = int(float(sys.argv[1]) * 2**30) // 4  # the temporary's elements
+weights = statevar.Variable(jnp.zeros(1024), name="weights")  # assigned: donated
+scale = statevar.Variable(jnp.ones(1024), name="scale")  # only read
+total = statevar.Variable(0.0, name="total")
+
+@statevar.jit
+def step(x):
+    values = lax.optimization_barrier(jnp.sin(jnp.arange(size, dtype=jnp.float32) * x))
+    weights.assign(weights * scale + x)
+    total.assign_add(values.sum())
+
+report = step.memory_report(1.0)
+print(report)
+fates = {row.path: row.fate for row in report.variables}
+assert fates == {"weights": "donated", "scale": "read", "total": "donated"}, fates
+assert size * 4 <= report.temp_bytes <= 1.2 * size * 4 + 2**20, report.temp_bytes
+device = jax.devices()[0]
+stats = device.memory_stats()
+if not stats:
+    print(f"{device.platform}: the device does not count its memory; compared in the suite")
+    sys.exit(0)
+step(1.0)
+jax.block_until_ready(total.value)
+before = device.memory_stats()
+step(2.0)
+jax.block_until_ready(total.value)
+after = device.memory_stats()
+grown = after["peak_bytes_in_use"] - before["bytes_in_use"]
+print(f"{device}: a call grew the allocator's peak by {grown / 2**20:.1f} MiB; "
+      f"XLA's plan: temporaries {report.temp_bytes / 2**20:.1f} MiB")
+assert 0.75 * report.temp_bytes <= grown <= 1.5 * report.temp_bytes + 64 * 2**20, grown
 """
 
 
@@ -181,6 +224,7 @@ def main() -> int:
     check.run(
         "bandwidth", [python, "benchmarks/assign.py", "--gib", str(args.gib), "--check"], platform
     )
+    check.run("memory-report", [python, "-c", MEMORY_REPORT, str(args.gib)], platform)
     report = check.write()
     print(report.read_text())
     return 1 if check.failed else 0
