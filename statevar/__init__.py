@@ -12,6 +12,7 @@ from ._errors import CheckpointCorruptedError as CheckpointCorruptedError
 from ._errors import CheckpointExistsError as CheckpointExistsError
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import CheckpointWriteError as CheckpointWriteError
 from ._errors import CopyError as CopyError
 from ._errors import DtypeMismatchError as DtypeMismatchError
 from ._errors import PlacementError as PlacementError
@@ -27,6 +28,7 @@ from ._manager import CheckpointManager as CheckpointManager
 from ._memory_report import MemoryReport as MemoryReport
 from ._module import Module as Module
 from ._optim import Optimizer as Optimizer
+from ._pending import PendingSave as PendingSave
 from ._per_replica import PerReplica as PerReplica
 from ._placement import PlacementWarning as PlacementWarning
 from ._placement import device as device
@@ -46,6 +48,7 @@ __all__ = [
     "CheckpointManager",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "CheckpointWriteError",
     "CopyError",
     "CopyWarning",
     "DtypeMismatchError",
@@ -53,6 +56,7 @@ __all__ = [
     "Module",
     "Optimizer",
     "OptimizerState",
+    "PendingSave",
     "PerReplica",
     "PlacementError",
     "PlacementWarning",

@@ -9,9 +9,12 @@ disk is a pickle.
 A directory is a checkpoint only once its manifest exists. orbax writes into a temporary
 directory and renames it when done; then the data is flushed to disk and the manifest is
 written to a temporary file that ``os.replace`` moves into place. A process killed at any
-moment so leaves the previous checkpoint or the new one, never a mixture. Orbax keys the
-arrays by position (``"0"``, ``"1"``, ...), not by name, because it maps some distinct
-names to one storage key (``"a"`` and ``"a/"``); the manifest maps names to keys.
+moment so leaves the previous checkpoint or the new one, never a mixture. A save in the
+background (``blocking=False``) takes the same steps: orbax's `AsyncCheckpointer` writes
+the data, then a thread of `statevar._pending` writes the manifest (see `PendingSave`).
+Orbax keys the arrays by position (``"0"``, ``"1"``, ...), not by name, because it maps
+some distinct names to one storage key (``"a"`` and ``"a/"``); the manifest maps names to
+keys.
 """
 
 from __future__ import annotations
@@ -24,35 +27,39 @@ import re
 import shutil
 import threading
 import uuid
-import warnings
-from typing import Any
+from typing import Any, Literal, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import _trace
+from ._checkpoint_targets import named_variables
 from ._errors import (
     CheckpointCorruptedError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
     StatevarError,
-    caller_stacklevel,
 )
 from ._manifest import (
     MANIFEST,
-    array_sha256,
     read_manifest,
     verify_data_files,
     verify_values,
     write_manifest,
 )
 from ._matching import match_checkpoint
-from ._module import Module
+from ._pending import (
+    PendingSave,
+    Snapshot,
+    check_single_process,
+    interrupt_behind,
+    raising_write_errors,
+    settle,
+)
 from ._placement import put
 from ._signals import held_signals
 from ._state import STATE
-from ._tree import has_named_variables, named_targets
 from ._variable import Variable
 
 # What a save into a plain directory may leave behind when it is killed: unreferenced data
@@ -78,92 +85,7 @@ def _orbax() -> Any:
     return orbax.checkpoint
 
 
-# --------------------------------------------------------------------------- targets
-
-
-def _named_variables(target: Any) -> dict[str, Variable]:
-    """Returns the target's variables by checkpoint key (see `named_targets`): dict keys
-    namespace what they hold, lists and tuples add nothing.
-
-    Warns of an Optimizer a Module holds and the target leaves out.
-    """
-    found = named_targets(target, "the checkpoint target")
-    named: dict[str, Variable] = {}
-    where: dict[str, str] = {}
-    key_of: dict[int, str] = {}
-    for key, variable, path in found:
-        if key in named and named[key] is not variable:
-            raise ValueError(
-                f"Two variables in the checkpoint target have the name {key!r} (at "
-                f"{where[key]} and {path}); give them distinct name= values, put them under "
-                "distinct keys of a dict ({'generator': G, 'discriminator': D}), or hold "
-                "them in a statevar.Module, which names unnamed variables by their path"
-            )
-        if key_of.get(id(variable), key) != key:
-            first = key_of[id(variable)]
-            raise ValueError(
-                f"One variable appears in the checkpoint target under two names, {first!r} "
-                f"(at {where[first]}) and {key!r} (at {path}); include it once"
-            )
-        named[key], where[key], key_of[id(variable)] = variable, path, key
-    _warn_of_optimizers_left_out(target, set(map(id, named.values())))
-    return named
-
-
-def _warn_of_optimizers_left_out(target: Any, included: set[int]) -> None:
-    """Warns of each Optimizer a Module in ``target`` holds whose state the checkpoint
-    leaves out (``included``: the ids of the variables it holds): a Module's variables are
-    its own, not those of an Optimizer kept as its attribute (``self.opt``), and training
-    resumed without them would start Adam's moments and the step count afresh."""
-    pending: list[tuple[Any, str]] = [(target, "")]
-    seen: set[int] = set()
-    while pending:
-        obj, path = pending.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if has_named_variables(obj):
-            # (An Optimizer not built yet has no state to leave out.)
-            if path and obj.built and id(obj.iterations) not in included:
-                warnings.warn(
-                    f"The checkpoint leaves out Optimizer {obj.name!r}, which a Module holds "
-                    f"at {path!r}: a Module's variables do not include an Optimizer's state. "
-                    "Include the Optimizer in the target as well: "
-                    "statevar.save(directory, [model, model.opt])",
-                    UserWarning,
-                    stacklevel=caller_stacklevel(),
-                )
-        elif isinstance(obj, Module):
-            pending += [(value, f"{path}/{key}".lstrip("/")) for key, value in vars(obj).items()]
-        elif isinstance(obj, (list, tuple)) and path:
-            pending += [(value, f"{path}/{i}") for i, value in enumerate(obj)]
-        elif isinstance(obj, dict) and path:
-            pending += [(value, f"{path}/{key}") for key, value in obj.items()]
-        elif isinstance(obj, (list, tuple, dict)):  # the target's own containers
-            values = obj.values() if isinstance(obj, dict) else obj
-            pending += [(value, "") for value in values]
-
-
 # --------------------------------------------------------------------------- save
-
-
-def _snapshot(variables: dict[str, Variable]) -> tuple[list[dict[str, Any]], dict[str, jax.Array]]:
-    """Reads every value once; returns the manifest entries and the arrays orbax stores,
-    keyed by position. Orbax cannot store zero-size arrays, and need not: the manifest's
-    shape and dtype rebuild them."""
-    entries, arrays = [], {}
-    # All read under one hold of the lock: a step another thread runs lands before the
-    # checkpoint or after it, never between two of its variables. (A read value stays
-    # valid: the checksums are computed after the lock is released.)
-    with STATE.update_lock:
-        values = [variable.value for variable in variables.values()]
-    for name, value in zip(variables, values, strict=True):
-        key = None if value.size == 0 else str(len(arrays))
-        if key is not None:
-            arrays[key] = value
-        shape, dtype, sha256 = list(value.shape), str(value.dtype), array_sha256(value)
-        entries.append(dict(name=name, key=key, shape=shape, dtype=dtype, sha256=sha256))
-    return entries, arrays
 
 
 def _write_data(path: pathlib.Path, arrays: dict[str, jax.Array]) -> None:
@@ -171,6 +93,36 @@ def _write_data(path: pathlib.Path, arrays: dict[str, jax.Array]) -> None:
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
     try:
         checkpointer.save(path, args=ocp.args.StandardSave(arrays))
+    finally:
+        checkpointer.close()
+
+
+def _start_data(path: pathlib.Path, arrays: dict[str, jax.Array]) -> Any:
+    """Starts orbax's background write of ``arrays`` to ``path``; returns its checkpointer,
+    whose ``wait_until_finished`` finishes it. orbax copies the arrays to the host before
+    returning (on the CPU it reads them in place; the snapshot holds them meanwhile)."""
+    ocp = _orbax()
+    checkpointer = ocp.AsyncCheckpointer(
+        ocp.StandardCheckpointHandler(), async_options=background_write_options()
+    )
+    try:
+        checkpointer.save(path, args=ocp.args.StandardSave(arrays))
+    except BaseException:
+        checkpointer.close()
+        raise
+    return checkpointer
+
+
+def background_write_options() -> Any:
+    """orbax's options for a write in the background. orbax gives up on a write after 20
+    minutes by default; a blocking save has no such limit, and neither has this (one day)."""
+    return _orbax().AsyncOptions(timeout_secs=24 * 3600)
+
+
+def _finish_data(checkpointer: Any) -> None:
+    """Waits for what `_start_data` started; raises its failure."""
+    try:
+        checkpointer.wait_until_finished()
     finally:
         checkpointer.close()
 
@@ -209,7 +161,19 @@ def check_untraced(action: str) -> None:
     )
 
 
-def save(directory: PathLike, target: Any) -> None:
+@overload
+def save(directory: PathLike, target: Any, *, blocking: Literal[True] = True) -> None: ...
+
+
+@overload
+def save(directory: PathLike, target: Any, *, blocking: Literal[False]) -> PendingSave: ...
+
+
+@overload
+def save(directory: PathLike, target: Any, *, blocking: bool) -> PendingSave | None: ...
+
+
+def save(directory: PathLike, target: Any, *, blocking: bool = True) -> PendingSave | None:
     """Saves the target's variables to ``directory``, atomically, replacing what is there.
 
     Variables are keyed by name: a Module's by `Module.named_variables` (explicit ``name=``,
@@ -218,13 +182,19 @@ def save(directory: PathLike, target: Any) -> None:
     ``name``. Dict keys namespace what they hold: ``{"generator": G, "discriminator": D}``
     keys G's kernel ``"generator/kernel"``; a Variable right under a key is keyed by the
     key, and an Optimizer's variables by the key in place of the optimizer's name. Lists
-    and tuples add nothing. The values are read once; nothing is donated or changed, and
-    arrays read earlier stay valid.
+    and tuples add nothing. The values are read once, at the call; nothing is donated or
+    changed, and arrays read earlier stay valid.
 
     Saving over a checkpoint replaces it atomically: the arrays go to a new data directory,
     one rename puts the new manifest in place of the old, then the old data is deleted. A
     process killed at any moment leaves the old checkpoint or the new one, whole. Files that
-    statevar did not write are left alone.
+    statevar did not write are left alone. A save waits for the save in flight into the same
+    directory, if any.
+
+    With ``blocking=False`` the save returns once orbax has taken the values (copied them
+    to the host), and is written in the background: see `PendingSave`. Until it is written
+    it holds the arrays it read, so the first update of each saved variable copies instead
+    of donating, at most one extra copy of the saved arrays.
 
     Under `jax.distributed`, every process calls `save` with the same target: each writes
     its shards of one checkpoint, and the first process writes the manifest once all have
@@ -234,14 +204,23 @@ def save(directory: PathLike, target: Any) -> None:
       directory: where to save; created if missing.
       target: a Variable, a Module, an Optimizer, or a (possibly nested) list, tuple or
         dict of them.
+      blocking: if False, write in the background and return a `PendingSave` at once.
+
+    Returns:
+      None; with ``blocking=False``, a `PendingSave`, whose `PendingSave.wait` finishes it.
 
     Raises:
+      CheckpointWriteError: (an OSError) if writing fails (a full disk, a directory that
+        cannot be written), naming the directory and the cause; with ``blocking=False``,
+        raised by `PendingSave.wait` instead. Also a failure of the earlier save in the
+        background into ``directory`` that no call has raised yet: then nothing is saved.
       TypeError: if ``target`` holds anything but Variables, Modules, Optimizers and
         containers.
       ValueError: if two different variables have the same name, or an Optimizer has no
         state yet (it was never built).
       TraceContextError: if called inside `statevar.jit`, `statevar.grad` or
         `stateless_call`.
+      StatevarError: with ``blocking=False`` under `jax.distributed`.
 
     Example:
       >>> import tempfile, statevar
@@ -256,22 +235,56 @@ def save(directory: PathLike, target: Any) -> None:
       <Variable 'w' shape=(2,) dtype=float32, numpy=array([1., 2.], dtype=float32)>
     """
     check_untraced("save")
-    entries, arrays = _snapshot(_named_variables(target))
-    checkpoint = pathlib.Path(directory).absolute()
+    variables = named_variables(target)
+    if not blocking:
+        check_single_process("save")
+    snapshot = Snapshot.read(variables)
+    checkpoint, shown = pathlib.Path(directory).absolute(), str(directory)
     with directory_lock(checkpoint, "save to"):  # one writer per directory
-        _write_checkpoint(checkpoint, entries, arrays)
+        settle(checkpoint)
+        if not blocking:
+            return _start_checkpoint(checkpoint, shown, snapshot)
+        with raising_write_errors(shown, None):
+            _write_checkpoint(checkpoint, snapshot)
+    return None
 
 
-def _write_checkpoint(
-    checkpoint: pathlib.Path, entries: list[dict[str, Any]], arrays: dict[str, jax.Array]
-) -> None:
+def _write_checkpoint(checkpoint: pathlib.Path, snapshot: Snapshot) -> None:
     """Writes the data, then the manifest, then deletes what the directory held before
     (see `save`)."""
     checkpoint.mkdir(parents=True, exist_ok=True)
-    data = None
+    arrays, data = snapshot.stored(), None
     if arrays:
         data = f"data-{shared_token()}"
         _write_data(checkpoint / data, arrays)
+    _commit_checkpoint(checkpoint, data, snapshot)
+
+
+def _start_checkpoint(checkpoint: pathlib.Path, shown: str, snapshot: Snapshot) -> PendingSave:
+    """Starts `_write_checkpoint`'s steps in the background: orbax's write of the data
+    now, then, in a `PendingSave`'s thread, its end and the manifest."""
+    pending = PendingSave(checkpoint, shown, None)
+    arrays, data, checkpointer = snapshot.stored(), None, None
+    try:
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        if arrays:
+            data = f"data-{shared_token()}"
+            checkpointer = _start_data(checkpoint / data, arrays)
+    except Exception as error:  # raised by the PendingSave, as a failure in the background
+        return pending._fail(error)
+
+    def finish() -> None:
+        if checkpointer is not None:
+            _finish_data(checkpointer)
+        _commit_checkpoint(checkpoint, data, snapshot)
+
+    return pending._begin(finish, snapshot)
+
+
+def _commit_checkpoint(checkpoint: pathlib.Path, data: str | None, snapshot: Snapshot) -> None:
+    """Writes the manifest of the data written (``data``: its directory's name, None if no
+    array is stored), then deletes what the directory held before."""
+    entries = snapshot.entries()
     # Under jax.distributed every process writes its shards; the first writes the manifest
     # once all are written, and the others return once it is in place.
     sync_processes("statevar-save-data")
@@ -342,7 +355,7 @@ def _read_values(
             )
             read = checkpointer.restore(checkpoint / manifest["data"], args=arguments)
         except Exception as error:  # tensorstore reports damage as ValueError or Exception
-            interrupt = _interrupt_behind(error)
+            interrupt = interrupt_behind(error)
             if interrupt is not None:
                 # Ctrl-C while orbax waited for a read: an interruption, not damage.
                 raise interrupt from None
@@ -359,18 +372,6 @@ def _read_values(
             values[name] = put(jnp.zeros(entry["shape"], entry["dtype"]), variables[name].sharding)
     verify_values(values, wanted, shown)
     return values
-
-
-def _interrupt_behind(error: BaseException) -> BaseException | None:
-    """Returns the KeyboardInterrupt (or other non-`Exception`) that ``error`` wraps, if any."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        if not isinstance(cause, Exception):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None
 
 
 def _read_manifest(checkpoint: pathlib.Path, shown: str) -> dict[str, Any]:
@@ -428,8 +429,10 @@ def _restore(
     the matched values, or raises before changing any variable. Reads holding the lock of
     directory ``lock`` (not while a save replaces or deletes what it reads); assigns
     holding the update lock only (a save in a signal handler that interrupted an update
-    holds that one and waits for a directory lock)."""
+    holds that one and waits for a directory lock). A save in flight into ``lock`` is
+    waited for first, and its failure raised if no call has raised it."""
     with directory_lock(lock, "restore from"):
+        settle(lock)
         match, placed = _read_restored(checkpoint, target, partial, shown)
     # All or nothing: a step another thread runs lands before the restore or after it, and
     # a signal (Ctrl-C) arriving meanwhile is raised once every variable is restored.
@@ -445,7 +448,7 @@ def _read_restored(
 ) -> tuple[Any, list[tuple[Variable, jax.Array]]]:
     """Reads and checks what `_restore` assigns: the match, and each variable with its
     value, placed."""
-    variables = _named_variables(target)
+    variables = named_variables(target)
     manifest = _read_manifest(checkpoint, shown)
     entries = {entry["name"]: entry for entry in manifest["variables"]}
     match = match_checkpoint(
@@ -499,6 +502,9 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
         missing from the checkpoint or unexpected in it (only when ``partial`` is False), or
         no name is shared at all; the message names every offending variable.
       CheckpointCorruptedError: (a ValueError) if the manifest or the data is damaged.
+      CheckpointWriteError: (an OSError) if a save in the background into ``directory``
+        (or into the `CheckpointManager` directory holding it) failed and no call has
+        raised it yet; the restore waits for a save in flight there first.
       TypeError, ValueError, TraceContextError: as `save`.
 
     Example:
@@ -514,6 +520,8 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
     """
     check_untraced("restore")
     checkpoint = pathlib.Path(directory).absolute()
+    if _STEP_NAME.match(checkpoint.name):  # perhaps a step a CheckpointManager is writing
+        settle(checkpoint.parent)
     return _restore(checkpoint, target, partial, str(directory), lock=checkpoint)
 
 

@@ -6,6 +6,9 @@ for two. statevar copies in three cases, each a cause named here:
 
 - `HELD`: the variable's array is still held elsewhere (an array read from it and still
   alive), which must stay valid; seen from its reference count before every update.
+- `SAVING`: the one holding it is a background checkpoint save in flight
+  (`ProcessState.saved_arrays`): the copy a background save costs by design, which the
+  policy ``"warn"`` does not warn of and ``"raise"`` refuses as any other.
 - `NOT_ALIASED`: XLA found no output of the compiled call to write the donated buffer
   into; JAX says so with its "Some donated buffers were not usable" warning when it lowers
   the call, which statevar catches (`lower_checked`) and names the variable instead.
@@ -29,6 +32,7 @@ from ._errors import CopyError, caller_stacklevel
 from ._state import STATE
 
 HELD = "held"
+SAVING = "saving"
 NOT_ALIASED = "not aliased"
 UNSUPPORTED = "unsupported"
 POLICIES = ("silent", "warn", "raise")
@@ -43,6 +47,13 @@ _EXPLAINED = {
         "its array is still held elsewhere (an array read from it, such as v.value or "
         "np.asarray(v), or a NumPy view of it, is still alive), and must stay valid",
         "Let go of the read before the update (del it, or read after updating) to update in place.",
+    ),
+    SAVING: (
+        "a checkpoint save in flight (statevar.save(..., blocking=False) or an async "
+        "CheckpointManager) holds its array until written, so the value saved stays the "
+        "one of the save call",
+        "This is the one copy a background save costs; wait() for the save before updating "
+        "to update in place.",
     ),
     NOT_ALIASED: (
         "XLA found no output of the compiled call to write its buffer into (JAX: 'Some "
@@ -154,6 +165,12 @@ def _forget_warned(key: tuple[int, str]) -> Callable[[weakref.ref], None]:
     return forget
 
 
+def held_cause(variable: Any) -> str:
+    """Why ``variable``'s array, held elsewhere, is: by a background checkpoint save in
+    flight (`SAVING`), or by something else (`HELD`)."""
+    return SAVING if id(variable._value) in STATE.saved_arrays else HELD
+
+
 def applies(nbytes: int) -> bool:
     """Whether the copy policy acts on a copy of ``nbytes`` bytes (it is not silent)."""
     return STATE.copy_policy != "silent" and nbytes >= STATE.copy_min_bytes
@@ -188,10 +205,13 @@ def check_many(
       CopyError: under the policy ``"raise"``, for copies of at least its ``min_bytes``.
     """
     found = [
-        (variable, nbytes, cause)
+        (variable, nbytes, held_cause(variable) if cause == HELD else cause)
         for variable, nbytes, cause in zip(variables, sizes, causes, strict=True)
         if applies(nbytes)
     ]
+    if STATE.copy_policy == "warn":
+        # A background save's copy is the cost it documents, not a mistake to warn of.
+        found = [item for item in found if item[2] != SAVING]
     if not found:
         return
     if STATE.copy_policy == "raise":

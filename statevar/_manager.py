@@ -2,7 +2,8 @@
 
 Each step is ``directory/<step>/``: orbax's ``CheckpointManager`` writes the arrays into
 ``state/``, then statevar writes the manifest (see `statevar._checkpoint`); a step counts
-only once its manifest exists.
+only once its manifest exists. With ``async_save=True`` orbax's manager writes in the
+background and a `PendingSave`'s thread writes the manifest once it is done.
 """
 
 from __future__ import annotations
@@ -22,16 +23,17 @@ from ._checkpoint import (
     PathLike,
     RestoreResult,
     _complete_steps,
-    _named_variables,
     _orbax,
     _restore,
-    _snapshot,
+    background_write_options,
     check_untraced,
     directory_lock,
     sync_processes,
 )
+from ._checkpoint_targets import named_variables
 from ._errors import CheckpointExistsError, CheckpointNotFoundError
 from ._manifest import MANIFEST, STEP_ITEM, write_manifest
+from ._pending import PendingSave, Snapshot, check_single_process, raising_write_errors, settle
 from ._view import Readable
 
 if TYPE_CHECKING:
@@ -48,13 +50,22 @@ class CheckpointManager:
     save is never listed or restored. Steps are ordered by number. One process at a time
     should save into a directory.
 
+    With ``async_save=True``, `save` returns once orbax has taken the values and writes the
+    step in the background (see `PendingSave`): training goes on meanwhile, and the step
+    holds the values of its save call. The next save waits for the one in flight, and so do
+    `restore` and `delete`; `wait_until_finished` waits for it, and `close` (or leaving a
+    ``with`` block) before the program ends. A failed save is raised by the first of these
+    calls, naming the step.
+
     Args:
       directory: where the step directories go; created by the first `save`.
       max_to_keep: how many of the highest-numbered steps to keep (the step just saved is
         always kept); None keeps every step.
+      async_save: if True, write each step in the background.
 
     Raises:
       ValueError: if ``max_to_keep`` is not None or a positive int.
+      TypeError: if ``async_save`` is not a bool.
 
     Example:
       >>> import tempfile, statevar
@@ -72,14 +83,22 @@ class CheckpointManager:
       (3, 3)
     """
 
-    def __init__(self, directory: PathLike, *, max_to_keep: int | None = 5):
+    def __init__(
+        self, directory: PathLike, *, max_to_keep: int | None = 5, async_save: bool = False
+    ):
         if max_to_keep is not None and (type(max_to_keep) is not int or max_to_keep < 1):
             raise ValueError(
                 f"Expected max_to_keep to be None or a positive int, got {max_to_keep!r}"
             )
+        if not isinstance(async_save, bool):
+            raise TypeError(
+                f"Expected async_save to be True or False, got {type(async_save).__name__} "
+                f"{async_save!r}"
+            )
         self._shown = str(directory)
         self._directory = pathlib.Path(directory).absolute()
         self._max_to_keep = max_to_keep
+        self._async_save = async_save
 
     @property
     def directory(self) -> pathlib.Path:
@@ -87,7 +106,8 @@ class CheckpointManager:
         return self._directory
 
     def all_steps(self) -> list[int]:
-        """Returns the steps that hold a complete checkpoint, in increasing order."""
+        """Returns the steps that hold a complete checkpoint, in increasing order; a step
+        still being written in the background is not listed until it is complete."""
         return _complete_steps(self._directory)
 
     def latest_step(self) -> int | None:
@@ -102,18 +122,20 @@ class CheckpointManager:
         options = ocp.CheckpointManagerOptions(
             create=True,
             cleanup_tmp_directories=True,
-            enable_async_checkpointing=False,
+            enable_async_checkpointing=self._async_save,
+            async_options=background_write_options(),
             lightweight_initialize=True,
         )
         return ocp.CheckpointManager(self._directory, options=options, item_names=(STEP_ITEM,))
 
-    def save(self, step: int, target: Any) -> None:
+    def save(self, step: int, target: Any) -> PendingSave | None:
         """Saves the target's variables as ``step``, then deletes steps beyond `max_to_keep`.
 
-        Keys and reads are as in `statevar.save`. What an interrupted save or deletion left
-        is cleared first: orbax's temporary directories, steps being deleted, and the
-        directory of this same step if it has no manifest. Other directories without a
-        manifest are never listed, and left alone.
+        Keys and reads are as in `statevar.save`: the values are read at the call. What an
+        interrupted save or deletion left is cleared first: orbax's temporary directories,
+        steps being deleted, and the directory of this same step if it has no manifest.
+        Other directories without a manifest are never listed, and left alone. The save in
+        flight into this directory, if any, is waited for first.
 
         Args:
           step: the step number, a non-negative int, or a scalar integer array or
@@ -121,29 +143,72 @@ class CheckpointManager:
           target: a Variable, a Module, an Optimizer, or a (possibly nested) list, tuple or
             dict of them.
 
+        Returns:
+          None; with ``async_save=True``, the `PendingSave` writing the step.
+
         Raises:
           TypeError: if ``step`` is not an int, or as `statevar.save` for the target.
           ValueError: if ``step`` is negative, or two different variables have one name.
           CheckpointExistsError: (a FileExistsError) if ``step`` already holds a complete
             checkpoint; steps are never overwritten.
+          CheckpointWriteError: (an OSError) if writing fails, naming the step, the
+            directory and the cause (with ``async_save=True``, raised by the `PendingSave`
+            and the calls that wait for it); or if the save in flight failed and no call
+            has raised it yet: then nothing is saved.
+          StatevarError: with ``async_save=True`` under `jax.distributed`.
         """
         check_untraced("save")
         step = _checked_step(step)
-        entries, arrays = _snapshot(_named_variables(target))
+        variables = named_variables(target)
+        if self._async_save:
+            check_single_process("save")
+        snapshot = Snapshot.read(variables)
         with directory_lock(self._directory, "save to"):  # one writer per directory
-            self._write_step(step, entries, arrays)
+            settle(self._directory)
+            if step in self.all_steps():
+                raise CheckpointExistsError(
+                    f"Cannot save step {step} to {self._shown!r}: that step already holds a "
+                    "checkpoint, and steps are never overwritten; save under a new step number"
+                )
+            if self._async_save:
+                return self._start_step(step, snapshot)
+            with raising_write_errors(self._shown, step):
+                self._clear_interrupted(step)
+                manager = self._orbax_manager()
+                try:
+                    self._save_data(manager, step, snapshot)
+                finally:
+                    manager.close()
+                self._commit_step(step, snapshot)
+        return None
 
-    def _write_step(
-        self, step: int, entries: list[dict[str, Any]], arrays: dict[str, jax.Array]
-    ) -> None:
-        """Writes ``step`` (see `save`)."""
-        if step in self.all_steps():
-            raise CheckpointExistsError(
-                f"Cannot save step {step} to {self._shown!r}: that step already holds a "
-                "checkpoint, and steps are never overwritten; save under a new step number"
-            )
-        leader = jax.process_index() == 0  # under jax.distributed, the first process
-        if leader and self._directory.is_dir():
+    def _start_step(self, step: int, snapshot: Snapshot) -> PendingSave:
+        """Starts writing ``step`` in the background: orbax's part now, then, in a
+        `PendingSave`'s thread, its end, the manifest and the deletion of old steps."""
+        pending = PendingSave(self._directory, self._shown, step)
+        try:
+            self._clear_interrupted(step)
+            manager = self._orbax_manager()
+        except Exception as error:  # raised by the PendingSave, as a failure in the background
+            return pending._fail(error)
+        try:
+            self._save_data(manager, step, snapshot)
+        except Exception as error:
+            manager.close()
+            return pending._fail(error)
+
+        def finish() -> None:
+            try:
+                manager.wait_until_finished()
+            finally:
+                manager.close()
+            self._commit_step(step, snapshot)
+
+        return pending._begin(finish, snapshot)
+
+    def _clear_interrupted(self, step: int) -> None:
+        """Deletes what interrupted saves and deletions left (see `save`)."""
+        if jax.process_index() == 0 and self._directory.is_dir():
             for entry in self._directory.iterdir():
                 interrupted = _STEP_TEMPORARY.match(entry.name) or (
                     entry.name == str(step) and not (entry / MANIFEST).exists()
@@ -151,25 +216,52 @@ class CheckpointManager:
                 if interrupted and entry.is_dir():
                     shutil.rmtree(entry)
         sync_processes("statevar-manager-cleared")
+
+    def _save_data(self, manager: ocp.CheckpointManager, step: int, snapshot: Snapshot) -> None:
         ocp = _orbax()
-        manager = self._orbax_manager()
-        try:
-            manager.save(
-                step,
-                args=ocp.args.Composite(**{STEP_ITEM: ocp.args.StandardSave(arrays)}),
-                force=True,  # orbax would otherwise skip, silently, a step below its latest
-            )
+        manager.save(
+            step,
+            args=ocp.args.Composite(**{STEP_ITEM: ocp.args.StandardSave(snapshot.stored())}),
+            force=True,  # orbax would otherwise skip, silently, a step below its latest
+        )
+
+    def _commit_step(self, step: int, snapshot: Snapshot) -> None:
+        """Writes the manifest of ``step``, whose data is written, then deletes the steps
+        beyond `max_to_keep`."""
+        entries = snapshot.entries()
+        sync_processes("statevar-manager-data")
+        if jax.process_index() == 0:  # one manifest, written once every process wrote
             step_directory = self._directory / str(step)
-            sync_processes("statevar-manager-data")
-            if leader:  # one manifest, written once every process wrote its shards
-                write_manifest(step_directory, STEP_ITEM if arrays else None, entries)
-                if self._max_to_keep is not None:
-                    older = [s for s in self.all_steps() if s != step]
-                    for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
-                        self.delete(old)
-            sync_processes("statevar-manager-manifest")
-        finally:
-            manager.close()
+            write_manifest(step_directory, STEP_ITEM if snapshot.stored() else None, entries)
+            if self._max_to_keep is not None:
+                older = [s for s in self.all_steps() if s != step]
+                for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
+                    self._delete(old)
+        sync_processes("statevar-manager-manifest")
+
+    def wait_until_finished(self) -> None:
+        """Blocks until the save in flight into this directory, if any, is written.
+
+        Raises:
+          CheckpointWriteError: (an OSError) if that save failed and no call has raised
+            it yet, naming its step, the directory and the cause.
+        """
+        settle(self._directory)
+
+    def close(self) -> None:
+        """Waits for the save in flight, as `wait_until_finished` does; call it (or use the
+        manager in a ``with`` block) before the program ends. The manager stays usable.
+
+        Raises:
+          CheckpointWriteError: as `wait_until_finished`.
+        """
+        self.wait_until_finished()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def delete(self, step: int) -> None:
         """Deletes a complete step.
@@ -182,7 +274,13 @@ class CheckpointManager:
 
         Raises:
           CheckpointNotFoundError: (a FileNotFoundError) if there is no such complete step.
+          CheckpointWriteError: as `wait_until_finished`, which `delete` calls first.
         """
+        with directory_lock(self._directory, "delete from"):
+            settle(self._directory)
+            self._delete(step)
+
+    def _delete(self, step: int) -> None:
         if step not in self.all_steps():
             raise CheckpointNotFoundError(
                 f"Cannot delete step {step} in {self._shown!r}: there is no complete step "
@@ -217,8 +315,10 @@ class CheckpointManager:
             complete checkpoint; the message lists the steps there are.
           TypeError, ValueError: if ``step`` is not a non-negative integer.
           CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
+          CheckpointWriteError: as `wait_until_finished`, which `restore` calls first.
         """
         check_untraced("restore")
+        settle(self._directory)  # a save in flight: its step may be the latest
         steps = self.all_steps()
         if step is None:
             if not steps:
@@ -243,7 +343,10 @@ class CheckpointManager:
         )
 
     def __repr__(self) -> str:
-        return f"CheckpointManager({self._shown!r}, max_to_keep={self._max_to_keep})"
+        options = f"max_to_keep={self._max_to_keep}"
+        if self._async_save:
+            options += ", async_save=True"
+        return f"CheckpointManager({self._shown!r}, {options})"
 
 
 def _checked_step(step: Any) -> int:

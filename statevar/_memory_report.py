@@ -36,8 +36,9 @@ class VariableMemory:
       bytes: the bytes of its value.
       fate: ``"donated"`` (updated in place), ``"copied"`` (copied before the call: see
         ``cause``) or ``"read"`` (passed through unchanged, its buffer given back).
-      cause: why it is copied (``"held"``: an array read from it is alive; ``"not
-        aliased"``; ``"unsupported"``: the platform does not donate), else None.
+      cause: why it is copied (``"held"``: an array read from it is alive; ``"saving"``:
+        a background checkpoint save holds it; ``"not aliased"``; ``"unsupported"``: the
+        platform does not donate), else None.
     """
 
     path: str
@@ -190,7 +191,7 @@ def build(
     flops = costs.get("flops") if costs else None
     rows = []
     for index, (variable, array) in enumerate(zip(entry.lifted, arrays, strict=True)):
-        cause = _copies.HELD if held[index] else entry.refused.get(index)
+        cause = _copies.held_cause(variable) if held[index] else entry.refused.get(index)
         if cause is not None:
             fate = "copied"
         elif jaxpr.outvars[index] is jaxpr.invars[index]:

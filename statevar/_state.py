@@ -79,6 +79,10 @@ class ProcessState:
         (`statevar.set_copy_policy`). Read in Python around the calls only: never part of
         a JAX cache key or trace context.
       copy_min_bytes: the size from which `copy_policy` applies; smaller copies are silent.
+      saved_arrays: how many background checkpoint saves in flight hold each array, by id
+        (see `_pending.PendingSave`): an update copying such an array copies for the save,
+        which the copy policy tells apart. A save holds its arrays while registered, so
+        their ids stay theirs.
     """
 
     update_lock: Any = dataclasses.field(default_factory=threading.RLock)
@@ -100,6 +104,7 @@ class ProcessState:
     )
     copy_policy: str = DEFAULT_COPY_POLICY
     copy_min_bytes: int = DEFAULT_COPY_MIN_BYTES
+    saved_arrays: dict[int, int] = dataclasses.field(default_factory=dict)
     # Guards the changes of `compile_epoch`, `open_trace_frames` and `hot_epoch`, which the
     # last is computed from.
     _counters_lock: Any = dataclasses.field(default_factory=threading.Lock)

@@ -32,6 +32,8 @@ def test_star_import_gives_exactly_all():
         ("CheckpointNotFoundError", FileNotFoundError),
         ("CheckpointMismatchError", ValueError),
         ("CheckpointCorruptedError", ValueError),
+        ("CheckpointWriteError", OSError),
+        ("CopyError", BufferError),
     ],
 )
 def test_errors_subclass_the_builtin_a_user_would_catch(error, builtin):
@@ -43,6 +45,10 @@ def test_errors_subclass_the_builtin_a_user_would_catch(error, builtin):
 
 def test_placement_warning_is_a_user_warning():
     assert issubclass(statevar.PlacementWarning, UserWarning)
+
+
+def test_copy_warning_is_a_user_warning():
+    assert issubclass(statevar.CopyWarning, UserWarning)
 
 
 def test_random_is_a_submodule_whose_names_exist():
