@@ -36,7 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # What the suite needs beyond the GPU machine's packages, and the tests that need it.
 OPTIONAL_TOOLS = {
-    "keras": ["tests/test_docs.py::test_doc_page_runs[interop.md]"],
+    "keras": [
+        "tests/test_docs.py::test_doc_page_runs[interop.md]",
+        "tests/test_docs.py::test_doc_page_runs[migrating.md]",
+    ],
     "pyright": ["tests/test_types.py"],
     "mkdocs": ["tests/test_docs_site.py"],
     "matplotlib": ["tests/test_examples.py"],
