@@ -2,7 +2,7 @@
 what the copy policy (`set_copy_policy`) does about it.
 
 A donated update writes the new value into the variable's own buffer; a copy needs room
-for two. statevar copies in three cases, each a cause named here:
+for two. statevar copies in four cases, each a cause named here:
 
 - `HELD`: the variable's array is still held elsewhere (an array read from it and still
   alive), which must stay valid; seen from its reference count before every update.

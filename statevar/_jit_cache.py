@@ -35,7 +35,14 @@ from . import _copies, _trace, _update, _variable
 from ._convert import Tracer
 from ._errors import TraceContextError
 from ._state import STATE
-from ._tree import Node, Structure, is_state, read_variables, variables_and_structure
+from ._tree import (
+    Node,
+    Structure,
+    has_named_variables,
+    is_state,
+    read_variables,
+    variables_and_structure,
+)
 from ._variable import Variable
 
 # Bound once: `Entry.arrays` runs on every trace.
@@ -235,7 +242,7 @@ def _check_result(fn: Callable, result: Any) -> None:
       TypeError: for a leaf that is not an array or a number (a Module, say).
     """
     # A Module or Optimizer is a pytree, but a step's variables are not its results.
-    holds_state = lambda x: isinstance(x, Node) or hasattr(type(x), "_statevar_variables")  # noqa: E731
+    holds_state = lambda x: isinstance(x, Node) or has_named_variables(x)  # noqa: E731
     for path, leaf in jax.tree.leaves_with_path(result, is_leaf=holds_state):
         if not isinstance(leaf, _RESULT_TYPES):
             name = getattr(fn, "__name__", type(fn).__name__)
@@ -408,7 +415,10 @@ def split_call(
       TypeError: if a static argument is not hashable.
       TraceContextError: if an argument is a tracer (a call inside a JAX transformation).
     """
-    leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_state)
+    # An Optimizer, a pytree of its state, is passed as it is (static, by identity).
+    leaves, treedef = jax.tree.flatten(
+        (args, kwargs), is_leaf=lambda x: is_state(x) or has_named_variables(x)
+    )
     key_parts: list[Any] = [treedef]
     identity_parts: list[Any] = [treedef]
     dynamic, variables, fixed, structures = [], [], [], []

@@ -31,7 +31,8 @@ class Module(Node):
     Module argument reads as in eager code, and assigning to it raises
     `statevar.TraceContextError`: `statevar.jit` is the way to update it. Plain
     ``jax.grad`` differentiates every variable; `statevar.grad` follows the ``trainable``
-    flags.
+    flags. As in any pytree, ``jax.grad`` of a Module holding an integer variable (a step
+    counter, a `statevar.random.Generator`'s key) needs ``allow_int=True``.
 
     Example:
       >>> import statevar

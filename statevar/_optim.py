@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from . import _trace
+from ._errors import caller_stacklevel
 from ._jit import jit
 from ._optimizer_state import (
     check_gradient_dtype,
@@ -433,7 +434,7 @@ class Optimizer:
                 "the loss does not reach these variables, so they and their optimizer state "
                 "are left unchanged",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=caller_stacklevel(),
             )
 
     def apply_gradients(

@@ -177,6 +177,9 @@ def check_single_process(action: str) -> None:
 # until its failure is raised; guarded by `_registry_lock`. Only this module reads it.
 _in_flight: dict[str, PendingSave] = {}
 _registry_lock = threading.Lock()
+# Guards `ProcessState.saved_arrays`' counts: a lock of its own, which nothing holds while
+# taking another (the update lock may be held by the thread a save interrupted).
+_saved_lock = threading.Lock()
 
 
 def _key(directory: pathlib.Path) -> str:
@@ -257,7 +260,10 @@ class PendingSave:
         # Started before it is registered: a thread that cannot start leaves nothing to
         # wait for. One that finishes first leaves a finished save registered, which
         # `settle` and `wait` take as it is.
-        threading.Thread(target=self._run, name="statevar-save", daemon=False).start()
+        try:
+            threading.Thread(target=self._run, name="statevar-save", daemon=False).start()
+        except RuntimeError:  # no thread to be had (the interpreter exiting): finished here
+            self._run()
         with _registry_lock:
             _in_flight[_key(self.directory)] = self
         return self
@@ -292,7 +298,7 @@ class PendingSave:
 def _hold(snapshot: Snapshot) -> tuple[int, ...]:
     """Counts ``snapshot``'s arrays as held by a save in flight; returns their ids."""
     ids = tuple(map(id, snapshot.values.values()))
-    with STATE.update_lock:
+    with _saved_lock:
         for key in ids:
             STATE.saved_arrays[key] = STATE.saved_arrays.get(key, 0) + 1
     return ids
@@ -300,7 +306,7 @@ def _hold(snapshot: Snapshot) -> tuple[int, ...]:
 
 def _release(ids: tuple[int, ...]) -> None:
     """Undoes `_hold`, before the save lets go of the arrays."""
-    with STATE.update_lock:
+    with _saved_lock:
         for key in ids:
             count = STATE.saved_arrays.pop(key) - 1
             if count:
@@ -316,8 +322,9 @@ def _forget(pending: PendingSave) -> None:
 
 def settle(directory: pathlib.Path) -> None:
     """Waits for the save in flight into ``directory``, if any, and raises its failure if
-    no call has raised it yet. Callers hold the directory's lock (`directory_lock`), so
-    that no other save starts there meanwhile.
+    no call has raised it yet. A save or restore calls it holding the directory's lock
+    (`directory_lock`), so that no other save starts there meanwhile; a manager's
+    ``wait_until_finished`` and ``close`` call it without, to wait.
 
     Raises:
       CheckpointWriteError: the failure of that save, once.

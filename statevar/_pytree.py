@@ -102,85 +102,122 @@ def _flatten_module(
     """Returns ``[(key, child), ...]`` (the arrays of the variables and the plain arrays
     ``module`` holds, once each, in attribute order, keyed by their paths) and the module's
     skeleton. Fills ``found``, if given, with the variables (or views) by name: an explicit
-    name, else the path."""
-    children: list[tuple[Any, Any]] = []
-    leaf_index: dict[int, int] = {}  # id(variable or array) -> its child's position
-    module_index: dict[int, int] = {}  # id(Module) -> its order of first visit
+    name, else the path.
 
-    def describe(value: Any, path: str) -> tuple:
+    Raises:
+      ValueError: if a list, tuple or dict in the module holds itself.
+    """
+    flattener = _Flattener(type(module).__name__, found)
+    skeleton = flattener.describe(module, "")
+    return flattener.children, skeleton
+
+
+class _Flattener:
+    """One flatten of a Module (`_flatten_module`). Its steps are methods rather than a
+    closure calling itself, which would be a reference cycle holding the arrays until the
+    garbage collector ran: the next update of each variable would copy it."""
+
+    def __init__(self, root: str, found: dict[str, Readable] | None):
+        self.root = root
+        self.found = found
+        self.children: list[tuple[Any, Any]] = []
+        self.leaf_index: dict[int, int] = {}  # id(variable or array) -> its child's position
+        self.module_index: dict[int, int] = {}  # id(Module) -> its order of first visit
+        self.open: set[int] = set()  # the containers being described
+
+    def leaf(self, value: Any, child: Any, path: str) -> int:
+        position = self.leaf_index.get(id(value))
+        if position is None:
+            position = self.leaf_index[id(value)] = len(self.children)
+            self.children.append((jax.tree_util.GetAttrKey(path), child))
+        return position
+
+    def describe(self, value: Any, path: str) -> tuple:
         if isinstance(value, Readable):
-            if found is not None:
-                found.setdefault(value._name if value._name is not None else path, value)
-            position = leaf_index.get(id(value))
-            if position is None:
-                position = leaf_index[id(value)] = len(children)
-                children.append((jax.tree_util.GetAttrKey(path), _value_of(value)))
+            if self.found is not None:
+                self.found.setdefault(value._name if value._name is not None else path, value)
+            position = self.leaf(value, _value_of(value), path)
             return (_LEAF, position, (*_metadata(value), path))
         if _is_array(value):
-            position = leaf_index.get(id(value))
-            if position is None:
-                position = leaf_index[id(value)] = len(children)
-                children.append((jax.tree_util.GetAttrKey(path), value))
-            return (_LEAF, position, None)
+            return (_LEAF, self.leaf(value, value, path), None)
         if isinstance(value, Node):
-            seen = module_index.get(id(value))
+            seen = self.module_index.get(id(value))
             if seen is not None:
                 return (_SEEN, seen)
-            module_index[id(value)] = len(module_index)
+            self.module_index[id(value)] = len(self.module_index)
             prefix = f"{path}/" if path else ""
             attributes = tuple(
-                (name, describe(item, prefix + name)) for name, item in vars(value).items()
+                (name, self.describe(item, prefix + name)) for name, item in vars(value).items()
             )
             return (_MODULE, type(value), attributes)
         if isinstance(value, CONTAINERS):
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            described = tuple((key, describe(item, f"{path}/{key}")) for key, item in items)
-            if isinstance(value, dict):
-                return (_MAPPING, type(value), described)
-            return (_SEQUENCE, type(value), tuple(entry for _, entry in described))
+            return self.container(value, path)
         return (_STATIC, _Static(value))
 
-    skeleton = describe(module, "")
-    return children, skeleton
+    def container(self, value: Any, path: str) -> tuple:
+        """Describes a list, tuple or dict.
+
+        Raises:
+          ValueError: if ``value`` holds itself (a pytree has no cycles but a Module's
+            back-references).
+        """
+        if id(value) in self.open:
+            raise ValueError(
+                f"Cannot flatten {self.root} as a pytree: the {type(value).__name__} at "
+                f"{path!r} holds itself. A pytree holds no cycle except a Module referring "
+                "back to one holding it."
+            )
+        self.open.add(id(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        described = tuple((key, self.describe(item, f"{path}/{key}")) for key, item in items)
+        self.open.discard(id(value))
+        if isinstance(value, dict):
+            return (_MAPPING, type(value), described)
+        return (_SEQUENCE, type(value), tuple(entry for _, entry in described))
 
 
 def _unflatten_module(skeleton: tuple, leaves: Iterable[Any]) -> Any:
     """Builds the Module ``skeleton`` describes, holding ``leaves`` where its leaves were."""
-    children = tuple(leaves)
-    modules: list[Any] = []
-    views: dict[int, View] = {}  # one per variable: a variable held twice is one view
+    return _Builder(tuple(leaves)).build(skeleton)
 
-    def build(entry: tuple) -> Any:
+
+class _Builder:
+    """One unflatten of a Module (`_unflatten_module`); methods, as in `_Flattener`."""
+
+    def __init__(self, children: tuple[Any, ...]):
+        self.children = children
+        self.modules: list[Any] = []
+        self.views: dict[int, View] = {}  # one per variable: a variable held twice is one view
+
+    def build(self, entry: tuple) -> Any:
         kind = entry[0]
         if kind == _LEAF:
             _, position, metadata = entry
             if metadata is None:
-                return children[position]
-            if position not in views:
+                return self.children[position]
+            if position not in self.views:
                 name, trainable, path = metadata
-                views[position] = _view(name, trainable, children[position], path)
-            return views[position]
+                self.views[position] = _view(name, trainable, self.children[position], path)
+            return self.views[position]
         if kind == _SEEN:
-            return modules[entry[1]]
+            return self.modules[entry[1]]
         if kind == _MODULE:
             _, cls, attributes = entry
             module = object.__new__(cls)
-            modules.append(module)
+            self.modules.append(module)
             # Set directly: no path labels or structure changes to record for a new copy.
-            vars(module).update((name, build(item)) for name, item in attributes)
+            vars(module).update((name, self.build(item)) for name, item in attributes)
             return module
         if kind == _SEQUENCE:
             _, cls, items = entry
-            values = [build(item) for item in items]
+            values = [self.build(item) for item in items]
             if cls is list or cls is tuple:
                 return cls(values)
             return cls(*values) if hasattr(cls, "_fields") else cls(values)  # a namedtuple
         if kind == _MAPPING:
             _, cls, items = entry
-            return cls((key, build(item)) for key, item in items)
+            return cls((key, self.build(item)) for key, item in items)
         return entry[1].value
-
-    return build(skeleton)
 
 
 def _module_flatten_with_keys(module: Node) -> tuple[list[tuple[Any, Any]], tuple]:
@@ -306,10 +343,11 @@ def gradients_by_name(
       ValueError: if it holds a gradient for none of them.
     """
     found = named_leaves(grads)
+    # A variable frozen since the Optimizer was built keeps its value, as with `statevar.grad`.
     by_variable = {
         variable: found[name]
         for name, variable in zip(names, params, strict=True)
-        if found.get(name) is not None
+        if found.get(name) is not None and variable.trainable
     }
     if not by_variable:
         raise ValueError(

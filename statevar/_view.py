@@ -320,8 +320,8 @@ class View(RebindingInPlace, Readable):
 
 def register_readable(cls: type[Readable]) -> None:
     """Registers a variable class as a pytree node (JAX looks up a node's exact type): one
-    child, its value, keyed ``.value`` (``jax.tree_util.keystr`` gives
-    ``".layers/0/kernel.value"`` for a Module's variable)."""
+    child, its value, keyed ``.value`` (``jax.tree_util.keystr`` gives ``"['w'].value"``
+    for a variable under a dict's key ``"w"``)."""
 
     def flatten_with_keys(variable: Any) -> tuple[tuple[tuple[Any, Any], ...], Any]:
         (value,), aux = variable.tree_flatten()

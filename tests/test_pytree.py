@@ -367,3 +367,50 @@ def test_static_attributes_are_part_of_the_structure_and_jax_jit_retraces_when_t
     chex.assert_trees_all_close(apply(Scaled({4.0})), jnp.full(2, 4.0))
     assert len(traces) == 2
     assert jax.tree.structure(Scaled({1.0})) != jax.tree.structure(Scaled({2.0}))
+
+
+def test_flattening_a_module_keeps_nothing_alive_so_the_next_update_donates():
+    model = Model()
+    jax.tree.leaves(model)
+    jax.tree.map(lambda x: x, model)
+    jax.grad(loss, allow_int=True)(model)
+    # No reference cycle holds the arrays until the garbage collector runs: the next update
+    # finds each held by its variable alone, and donates it.
+    with statevar.copy_policy("raise"):
+        model.layers[0].kernel.assign_add(1.0)
+        model.step.assign_add(1)
+
+
+def test_a_container_holding_itself_is_refused_by_path():
+    class Loop(statevar.Module):
+        def __init__(self):
+            self.items = [statevar.Variable(1.0)]
+            self.items.append(self.items)
+
+    with pytest.raises(ValueError, match=r"Cannot flatten Loop .* list at 'items/1' holds itself"):
+        jax.tree.leaves(Loop())
+
+
+def test_an_optimizer_passed_to_statevar_jit_is_the_optimizer():
+    w = statevar.Variable([1.0, 2.0], name="w")
+    optimizer = statevar.Optimizer(optax.sgd(0.5), [w])
+
+    @statevar.jit
+    def step(opt, g):
+        opt.apply([g])
+
+    step(optimizer, jnp.ones(2))
+    step(optimizer, jnp.ones(2))
+    chex.assert_trees_all_close(w.value, jnp.array([0.0, 1.0]))
+    assert int(optimizer.iterations) == 2
+
+
+def test_a_gradient_module_leaves_a_variable_frozen_after_the_build_as_it_is():
+    model = Model()
+    optimizer = statevar.Optimizer(optax.sgd(0.1), model)
+    model.layers[0].trainable = False
+    frozen = model.layers[0].kernel.numpy()
+    optimizer.apply(jax.grad(loss, allow_int=True)(model))
+    np.testing.assert_array_equal(model.layers[0].kernel.numpy(), frozen)
+    assert not np.array_equal(model.layers[1].kernel.numpy(), Model().layers[1].kernel.numpy())
+    assert int(optimizer.iterations) == 1
