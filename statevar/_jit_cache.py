@@ -398,7 +398,7 @@ class Split(NamedTuple):
     variables: list[Variable]  # the Variables in the arguments and in their Modules
     fixed: list[tuple[int, Any]]  # every other leaf, by position: Variables, Modules, static
     structures: list[Structure]  # how each Module argument's variables were found
-    indexable: bool  # every argument an array, a Variable or a Module (see `Cache.index`)
+    indexable: bool  # every argument an array, a bool, a Variable or a Module (`Cache.index`)
     identity: Any  # the key without the ids of the Modules' variables (see `Cache.track`)
 
 
@@ -446,6 +446,11 @@ def split_call(
             variables.extend(module_variables)
             key_parts.append((position, id(leaf), tuple(map(id, module_variables))))
             identity_parts.append((position, id(leaf)))
+        elif leaf.__class__ is bool:
+            # Static, and one of two singletons: found by identity, as a Variable is, on
+            # the fast path of calls indexed by their arguments (`Cache.index`).
+            key_parts.append((position, leaf))
+            identity_parts.append(key_parts[-1])
         else:
             key_parts.append((position, _static_key(leaf, name)))
             identity_parts.append(key_parts[-1])

@@ -126,6 +126,23 @@ def test_a_python_bool_argument_is_static_each_value_traced_once():
     assert int(dropped) == 3
 
 
+def test_a_bool_beside_a_module_argument_finds_the_trace_of_its_value():
+    model = Linear()
+    traced = []
+
+    @statevar.jit
+    def step(m, x, training):
+        traced.append(training)
+        return m(x).sum() * (2.0 if training else 1.0)
+
+    doubled, plain = float(step(model, X, True)), float(step(model, X, False))
+    assert doubled == 2 * plain
+    for _ in range(3):  # warm calls, found by argument identity: each value its own entry
+        assert float(step(model, X, True)) == doubled
+        assert float(step(model, X, False)) == plain
+    assert traced == [True, False]
+
+
 def test_a_bool_nested_in_an_argument_is_static_too():
     total = statevar.Variable(0.0)
 
