@@ -232,7 +232,8 @@ class CheckpointManager:
         sync_processes("statevar-manager-data")
         if jax.process_index() == 0:  # one manifest, written once every process wrote
             step_directory = self._directory / str(step)
-            write_manifest(step_directory, STEP_ITEM if snapshot.stored() else None, entries)
+            stored = any(entry["key"] is not None for entry in entries)  # an array written
+            write_manifest(step_directory, STEP_ITEM if stored else None, entries)
             if self._max_to_keep is not None:
                 older = [s for s in self.all_steps() if s != step]
                 for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
