@@ -40,10 +40,13 @@ from ._variable import Variable
 from ._warm_call import Miss, warm_call
 
 
-def _commit_to_arguments(entry: Entry, dynamic: tuple[Any, ...]) -> None:
+def _commit_to_arguments(
+    entry: Entry, dynamic: tuple[Any, ...], replaced: list[tuple[Variable, jax.Array]]
+) -> None:
     """Before a first call given a committed argument or lifting a committed variable,
     commits each lifted variable that holds an uncommitted array (see `Variable`) to its
-    own device, by a copy.
+    own device, by a copy; appends each variable and the array it held to ``replaced``,
+    for `_uncommit` to put back if the call is refused before it runs.
 
     The compiled step's outputs would be committed anyway (JAX commits what it computes
     from a committed array), and a variable committed only by them would make the next
@@ -58,9 +61,18 @@ def _commit_to_arguments(entry: Entry, dynamic: tuple[Any, ...]) -> None:
         return
     uncommitted = [v for v in lifted if not v._value.committed and not v._value.is_deleted()]
     for variable in uncommitted:
+        replaced.append((variable, variable._value))
         variable._replace_array(_placement.put(variable._value, variable._value.sharding))
     if uncommitted and _variable.compile_flags(lifted) == entry.flags:
         entry.epoch = STATE.compile_epoch
+
+
+def _uncommit(replaced: list[tuple[Variable, jax.Array]]) -> None:
+    """Puts back the uncommitted arrays `_commit_to_arguments` replaced (a refused call
+    leaves every variable as it was, placed nowhere included); the copies were never
+    donated. Starts a new compile epoch, as committing did."""
+    for variable, array in reversed(replaced):
+        variable._replace_array(array)
 
 
 class JitFunction:
@@ -229,11 +241,18 @@ class JitFunction:
         return self._run(key, entry, dynamic)
 
     def _trace(
-        self, key: Any, entry: Entry, dynamic: tuple[Any, ...], *, donating: bool
+        self,
+        key: Any,
+        entry: Entry,
+        dynamic: tuple[Any, ...],
+        *,
+        donating: bool,
+        replaced: list[tuple[Variable, jax.Array]] | None = None,
     ) -> tuple[Entry, list[jax.Array], list[jax.Array], Found]:
         """Traces ``entry`` for a call, and again on an entry lifting more while the trace
         finds variables to lift (see `Found`); checks placements before each trace. Runs
-        nothing, donates nothing.
+        nothing, donates nothing. If ``donating``, commits variables placed nowhere where
+        the call commits (see `_commit_to_arguments`, which records them in ``replaced``).
 
         Returns:
           The entry whose trace found nothing more, the arrays it was traced with (ready to
@@ -244,7 +263,8 @@ class JitFunction:
         def attempt(entry: Entry) -> tuple[tuple, Found | None]:
             self._check_devices(entry.lifted, [v._value for v in entry.lifted], dynamic)
             if donating:
-                _commit_to_arguments(entry, dynamic)
+                assert replaced is not None
+                _commit_to_arguments(entry, dynamic, replaced)
                 arrays, originals = entry.arrays(self.copy_action)
             else:
                 arrays = originals = [v._value for v in entry.lifted]
@@ -267,9 +287,15 @@ class JitFunction:
                 # In a signal handler that interrupted a donating update (see
                 # `ProcessState.donating`), which would store its result over this step's.
                 raise self._interrupted()
+            replaced: list[tuple[Variable, jax.Array]] = []
             try:
-                entry, arrays, originals, found = self._trace(key, entry, dynamic, donating=True)
-            except (RuntimeError, ValueError) as error:
+                entry, arrays, originals, found = self._trace(
+                    key, entry, dynamic, donating=True, replaced=replaced
+                )
+            except BaseException as error:
+                _uncommit(replaced)  # nothing ran: every variable as it was
+                if not isinstance(error, (RuntimeError, ValueError)):
+                    raise
                 if not _is_deleted_error(error):
                     raise
                 # Copying a shared array that was deleted: name the variable.
@@ -277,7 +303,11 @@ class JitFunction:
                 raise self._failed_call(entry.lifted, arrays, error) from error
             lifted = entry.lifted
             try:
-                entry.check_donations(arrays, dynamic, self.copy_action)
+                try:
+                    entry.check_donations(arrays, dynamic, self.copy_action)
+                except BaseException:
+                    _uncommit(replaced)  # refused or not lowered: nothing ran
+                    raise
                 with held_signals():
                     outputs = itertools.starmap(entry.jitted, ((arrays, dynamic),))
                     result = _variable.bulk_store(lifted)(outputs)

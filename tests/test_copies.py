@@ -5,6 +5,7 @@ import warnings
 import weakref
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -269,6 +270,25 @@ def test_a_compiled_step_whose_donation_jax_refuses_warns_and_raises(request, ca
         step(jnp.ones(5))  # JAX lowered it already: statevar remembers the refusal
     np.testing.assert_array_equal(v.value, np.ones(5))
     assert step.memory_report(jnp.ones(5)).variables[0].fate == "copied"
+
+
+def test_a_refused_first_call_leaves_a_variable_placed_nowhere_uncommitted(
+    first_donation_unaliased,
+):
+    # A committed argument commits the variables a first call lifts; a refusal undoes it.
+    v = statevar.Variable(jnp.zeros(6), name="placed_nowhere")
+    assert not v.value.committed
+    before = weakref.ref(v._value)
+    step = _step_for(v)
+    argument = jax.device_put(jnp.ones(6), v.device)
+    with statevar.copy_policy("raise"), pytest.raises(statevar.CopyError, match="'placed_nowhere'"):
+        step(argument)
+    assert v._value is before() and not v.value.committed
+    np.testing.assert_array_equal(v.value, np.zeros(6))
+    with statevar.copy_policy("silent"):
+        step(argument)
+    assert v.value.committed
+    np.testing.assert_array_equal(v.value, np.ones(6))
 
 
 # --------------------------------------------------------------------------- the setting

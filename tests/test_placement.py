@@ -95,6 +95,29 @@ def test_a_variable_placed_nowhere_holds_an_uncommitted_array_while_its_updates_
     assert elsewhere.value.committed is False and elsewhere.device == _cpu(3)
 
 
+def test_a_first_call_that_fails_to_trace_leaves_a_variable_placed_nowhere_uncommitted():
+    # A committed argument commits the variables a compiled step lifts, before the trace;
+    # a step that fails to trace changes no variable, its placement included.
+    v = statevar.Variable([1.0, 2.0], name="v")
+    argument = jax.device_put(jnp.ones(2), _DEFAULT)
+    fail = True
+
+    @statevar.jit
+    def step(x):
+        v.assign_add(x)
+        if fail:
+            raise ValueError("the step's own error")
+
+    with pytest.raises(ValueError, match="the step's own error"):
+        step(argument)
+    assert v.value.committed is False
+    chex.assert_trees_all_equal(v.value, jnp.array([1.0, 2.0]))
+    fail = False
+    step(argument)
+    assert v.value.committed is True
+    chex.assert_trees_all_equal(v.value, jnp.array([2.0, 3.0]))
+
+
 def test_jax_default_device_moves_a_variable_placed_nowhere_as_any_uncommitted_array():
     # JAX runs a computation on uncommitted arrays on its default device at the time: an
     # update under jax.default_device moves a variable placed nowhere (the documented
