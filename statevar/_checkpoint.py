@@ -19,6 +19,7 @@ keys.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -290,12 +291,15 @@ def _commit_checkpoint(checkpoint: pathlib.Path, data: str | None, snapshot: Sna
     sync_processes("statevar-save-data")
     if jax.process_index() == 0:
         write_manifest(checkpoint, data, entries)
+        # The new checkpoint is in place: what is left of the old one goes now, or, if it
+        # cannot, with the next save's.
         for entry in checkpoint.iterdir():
             if entry.name != data and _DEBRIS.match(entry.name):
                 if entry.is_dir():
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
-                    entry.unlink(missing_ok=True)
+                    with contextlib.suppress(OSError):
+                        entry.unlink(missing_ok=True)
     sync_processes("statevar-save-manifest")
 
 

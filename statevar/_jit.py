@@ -28,6 +28,7 @@ from ._jit_cache import (
     Found,
     reference,
     split_call,
+    uncommit,
     under_transformation,
 )
 from ._memory_report import MemoryReport
@@ -38,41 +39,6 @@ from ._typing import Compiled, Params, Result
 from ._update import held_elsewhere
 from ._variable import Variable
 from ._warm_call import Miss, warm_call
-
-
-def _commit_to_arguments(
-    entry: Entry, dynamic: tuple[Any, ...], replaced: list[tuple[Variable, jax.Array]]
-) -> None:
-    """Before a first call given a committed argument or lifting a committed variable,
-    commits each lifted variable that holds an uncommitted array (see `Variable`) to its
-    own device, by a copy; appends each variable and the array it held to ``replaced``,
-    for `_uncommit` to put back if the call is refused before it runs.
-
-    The compiled step's outputs would be committed anyway (JAX commits what it computes
-    from a committed array), and a variable committed only by them would make the next
-    call compile again. Committing starts a compile epoch for the other steps lifting
-    the variable; ``entry``, about to be traced and compiled for the committed arrays,
-    takes it as its own. Call it under `ProcessState.update_lock`, after the placement check.
-    """
-    lifted = entry.lifted
-    if not any(map(_placement.is_committed, dynamic)) and not any(
-        v._value.committed for v in lifted
-    ):
-        return
-    uncommitted = [v for v in lifted if not v._value.committed and not v._value.is_deleted()]
-    for variable in uncommitted:
-        replaced.append((variable, variable._value))
-        variable._replace_array(_placement.put(variable._value, variable._value.sharding))
-    if uncommitted and _variable.compile_flags(lifted) == entry.flags:
-        entry.epoch = STATE.compile_epoch
-
-
-def _uncommit(replaced: list[tuple[Variable, jax.Array]]) -> None:
-    """Puts back the uncommitted arrays `_commit_to_arguments` replaced (a refused call
-    leaves every variable as it was, placed nowhere included); the copies were never
-    donated. Starts a new compile epoch, as committing did."""
-    for variable, array in reversed(replaced):
-        variable._replace_array(array)
 
 
 class JitFunction:
@@ -252,7 +218,7 @@ class JitFunction:
         """Traces ``entry`` for a call, and again on an entry lifting more while the trace
         finds variables to lift (see `Found`); checks placements before each trace. Runs
         nothing, donates nothing. If ``donating``, commits variables placed nowhere where
-        the call commits (see `_commit_to_arguments`, which records them in ``replaced``).
+        the call commits (see `Entry.commit_lifted`, which records them in ``replaced``).
 
         Returns:
           The entry whose trace found nothing more, the arrays it was traced with (ready to
@@ -264,7 +230,7 @@ class JitFunction:
             self._check_devices(entry.lifted, [v._value for v in entry.lifted], dynamic)
             if donating:
                 assert replaced is not None
-                _commit_to_arguments(entry, dynamic, replaced)
+                entry.commit_lifted(dynamic, replaced)
                 arrays, originals = entry.arrays(self.copy_action)
             else:
                 arrays = originals = [v._value for v in entry.lifted]
@@ -293,7 +259,7 @@ class JitFunction:
                     key, entry, dynamic, donating=True, replaced=replaced
                 )
             except BaseException as error:
-                _uncommit(replaced)  # nothing ran: every variable as it was
+                uncommit(replaced)  # nothing ran: every variable as it was
                 if not isinstance(error, (RuntimeError, ValueError)):
                     raise
                 if not _is_deleted_error(error):
@@ -306,7 +272,7 @@ class JitFunction:
                 try:
                     entry.check_donations(arrays, dynamic, self.copy_action)
                 except BaseException:
-                    _uncommit(replaced)  # refused or not lowered: nothing ran
+                    uncommit(replaced)  # refused or not lowered: nothing ran
                     raise
                 with held_signals():
                     outputs = itertools.starmap(entry.jitted, ((arrays, dynamic),))

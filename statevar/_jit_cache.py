@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _copies, _trace, _update, _variable
+from . import _copies, _placement, _trace, _update, _variable
 from ._convert import Tracer
 from ._errors import TraceContextError
 from ._state import STATE
@@ -161,6 +161,33 @@ class Entry:
             return _update.copy_shared(arrays, self.lifted, action), arrays
         return arrays, arrays
 
+    def commit_lifted(
+        self, dynamic: tuple[Any, ...], replaced: list[tuple[Variable, jax.Array]]
+    ) -> None:
+        """Before a first call given a committed argument or lifting a committed variable,
+        commits each lifted variable that holds an uncommitted array (see `Variable`) to its
+        own device, by a copy; appends each variable and the array it held to ``replaced``,
+        for `uncommit` to put back if the call is refused before it runs.
+
+        The compiled step's outputs would be committed anyway (JAX commits what it computes
+        from a committed array), and a variable committed only by them would make the next
+        call compile again. Committing starts a compile epoch for the other steps lifting
+        the variable; this entry, about to be traced and compiled for the committed arrays,
+        takes it as its own. Call it under `ProcessState.update_lock`, after the placement
+        check.
+        """
+        lifted = self.lifted
+        if not any(map(_placement.is_committed, dynamic)) and not any(
+            v._value.committed for v in lifted
+        ):
+            return
+        uncommitted = [v for v in lifted if not v._value.committed and not v._value.is_deleted()]
+        for variable in uncommitted:
+            replaced.append((variable, variable._value))
+            variable._replace_array(_placement.put(variable._value, variable._value.sharding))
+        if uncommitted and _variable.compile_flags(lifted) == self.flags:
+            self.epoch = STATE.compile_epoch
+
     def trace(self, arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Found:
         """Traces the step for these arguments (JAX keeps the trace for the call that
         follows) and returns what it found. Runs nothing and donates nothing."""
@@ -193,6 +220,14 @@ class Entry:
     def last_found(self) -> Found | None:
         """What the latest trace found: JAX traces again, inside a call, for new shapes."""
         return self._traced.found
+
+
+def uncommit(replaced: list[tuple[Variable, jax.Array]]) -> None:
+    """Puts back the uncommitted arrays `Entry.commit_lifted` replaced (a refused call
+    leaves every variable as it was, placed nowhere included); the copies were never
+    donated. Starts a new compile epoch, as committing did."""
+    for variable, array in reversed(replaced):
+        variable._replace_array(array)
 
 
 def _pure_step(

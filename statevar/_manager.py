@@ -193,8 +193,10 @@ class CheckpointManager:
             return pending._fail(error)
         try:
             self._save_data(manager, step, snapshot)
-        except Exception as error:
-            manager.close()
+        except BaseException as error:
+            manager.close()  # no write of orbax's goes on unowned, an interrupted one neither
+            if not isinstance(error, Exception):
+                raise
             return pending._fail(error)
 
         def finish() -> None:
@@ -234,11 +236,25 @@ class CheckpointManager:
             step_directory = self._directory / str(step)
             stored = any(entry["key"] is not None for entry in entries)  # an array written
             write_manifest(step_directory, STEP_ITEM if stored else None, entries)
-            if self._max_to_keep is not None:
-                older = [s for s in self.all_steps() if s != step]
-                for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
-                    self._delete(old)
+            self._drop_old_steps(step)
         sync_processes("statevar-manager-manifest")
+
+    def _drop_old_steps(self, saved: int) -> None:
+        """Deletes the oldest steps beyond `max_to_keep`, once step ``saved`` is saved. A
+        deletion that fails is logged (a WARNING on the ``"statevar"`` logger), not raised:
+        the step is saved, and the next save deletes what is left."""
+        if self._max_to_keep is None:
+            return
+        older = [s for s in self.all_steps() if s != saved]
+        for old in older[: max(0, len(older) - (self._max_to_keep - 1))]:
+            try:
+                self._delete(old)
+            except OSError as error:
+                logger.warning(
+                    "Saved step %d to %r; deleting step %d (beyond max_to_keep=%d) failed, "
+                    "and the next save tries again: %s",
+                    *(saved, self._shown, old, self._max_to_keep, error),
+                )
 
     def wait_until_finished(self) -> None:
         """Blocks until the save in flight into this directory, if any, is written.

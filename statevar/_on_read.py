@@ -39,7 +39,6 @@ from ._variable import Variable
 from ._view import read_operand, register_readable
 
 _getrefcount, _SOLE_HOLDER = sys.getrefcount, _update.SOLE_HOLDER
-_LOCAL_OPERATIONS = (_update.ASSIGN, _update.ASSIGN_ADD, _update.ASSIGN_SUB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,13 +312,12 @@ class OnReadVariable(Variable, synchronization="on_read"):
         (concrete values) or traced. Donates nothing.
 
         Raises:
-          TypeError: for an indexed update, or values that cannot be converted safely.
+          TypeError: for values that cannot be converted safely.
           ShapeMismatchError: for the wrong number of replicas, or values that do not
             broadcast to the variable's shape.
         """
+        # An indexed update never gets here: `__setitem__` refuses per-replica values.
         action = f"Cannot {operation.phrase} Variable '{self.name}'"
-        if operation not in _LOCAL_OPERATIONS:
-            raise _indexed_per_replica_error(self)
         try:
             values = per_replica.stacked()
         except ValueError as error:

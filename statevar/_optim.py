@@ -406,16 +406,17 @@ class Optimizer:
             if shapes == self._shapes:
                 self._apply_flat(flat, extra_args)
                 return
+        self._apply_structured(grads, extra_args)
+
+    def _apply_structured(self, grads: Any, extra_args: dict[str, Any]) -> None:
+        """`apply`'s general path: gradients mirroring the variables, None among them."""
         leaves, treedef = jax.tree.flatten(grads, is_leaf=lambda x: x is None or is_variable(x))
         if treedef != self._treedef:
             raise ValueError(
                 f"Expected gradients structured like the optimizer's variables, "
                 f"{self._treedef}, got {treedef}"
             )
-        by_variable: dict[Variable, Any] = {}
-        for variable, gradient in zip(self._leaves, leaves, strict=True):
-            if gradient is not None:
-                by_variable[variable] = gradient
+        by_variable = {v: g for v, g in zip(self._leaves, leaves, strict=True) if g is not None}
         self._warn_missing(by_variable)
         self._run(by_variable, extra_args)
 

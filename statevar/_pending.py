@@ -144,16 +144,22 @@ def raising_write_errors(shown: str, step: int | None) -> Iterator[None]:
         raise raised from None  # the interruption behind an error orbax raised
 
 
-def _drop_locals(error: BaseException) -> None:
-    """Clears the local variables of the finished frames in ``error``'s tracebacks (and
-    its causes'), which would otherwise keep the snapshot's arrays alive as long as the
-    error is kept."""
+def _detach_tracebacks(error: BaseException) -> None:
+    """Replaces the traceback of each exception in ``error``'s chain by its text, in a note.
+
+    A traceback holds its frames, and they hold the snapshot's arrays (a frame whose locals
+    are cleared still holds its function, a closure over them), for as long as the error is
+    kept: until a call raises it, perhaps the next save. Without them a failed save lets go
+    of its arrays at once.
+    """
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if cause.__traceback__ is not None:
-            traceback.clear_frames(cause.__traceback__)
+            text = "".join(traceback.format_tb(cause.__traceback__)).rstrip()
+            cause.add_note(f"Raised in the background save, at:\n{text}")
+            cause.__traceback__ = None
         cause = cause.__cause__ or cause.__context__
 
 
@@ -269,9 +275,17 @@ class PendingSave:
         return self
 
     def _fail(self, error: BaseException) -> PendingSave:
-        """Records that the save failed before it went to the background."""
-        self._error = write_error(self._shown, self.step, error)
-        _drop_locals(self._error)
+        """Records that the save failed before it went to the background.
+
+        Raises:
+          KeyboardInterrupt: (or another interruption) the one behind ``error``, at once,
+            as a blocking save raises it: an interruption is no failure to report later.
+        """
+        failure = write_error(self._shown, self.step, error)
+        if not isinstance(failure, Exception):
+            raise failure from None
+        self._error = failure
+        _detach_tracebacks(self._error)
         with _registry_lock:
             _in_flight[_key(self.directory)] = self
         self._done.set()
@@ -284,7 +298,7 @@ class PendingSave:
             finish()
         except BaseException as error:  # raised where the user waits, never here
             self._error = write_error(self._shown, self.step, error)
-            _drop_locals(self._error)
+            _detach_tracebacks(self._error)
         finally:
             _release(self._saved)
             self._saved = ()
@@ -356,9 +370,12 @@ def _finish_at_exit() -> None:
 
 def _forget_in_child() -> None:
     """In a child made by os.fork, which has no thread of the parent's saves: forgets them
-    (its exit would wait for them forever) and frees the lock another thread may hold."""
+    (its exit would wait for them forever) and the arrays they hold (a copy of a variable
+    is no save's doing there), and frees the locks another thread may hold."""
     _registry_lock._at_fork_reinit()  # pyright: ignore[reportAttributeAccessIssue]
+    _saved_lock._at_fork_reinit()  # pyright: ignore[reportAttributeAccessIssue]
     _in_flight.clear()
+    STATE.saved_arrays.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

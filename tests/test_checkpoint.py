@@ -582,6 +582,37 @@ def test_manager_saves_a_step_below_the_latest_instead_of_skipping_it(tmp_path):
     assert int(w) == 5
 
 
+@pytest.mark.parametrize("async_save", [False, True], ids=["blocking", "async"])
+def test_a_failed_deletion_of_an_old_step_is_logged_and_the_step_saved(
+    tmp_path, monkeypatch, caplog, async_save
+):
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path, max_to_keep=1, async_save=async_save)
+    manager.save(1, w)
+    manager.wait_until_finished()
+    real_rmtree = shutil.rmtree
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(_manager.shutil, "rmtree", refused)
+    w.assign([2.0])
+    with caplog.at_level(logging.WARNING, logger="statevar"):
+        manager.save(2, w)
+        manager.wait_until_finished()  # the save succeeded: nothing to raise
+    assert "Saved step 2 to " in caplog.text
+    assert "deleting step 1 (beyond max_to_keep=1) failed" in caplog.text
+    assert "Permission denied" in caplog.text
+    assert manager.all_steps() == [2]
+    monkeypatch.setattr(_manager.shutil, "rmtree", real_rmtree)
+    manager.save(3, w)
+    manager.wait_until_finished()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3"]  # the next save cleared it
+    w.assign([0.0])
+    manager.restore(w)
+    np.testing.assert_array_equal(w.numpy(), [2.0])
+
+
 def test_manager_never_lists_an_interrupted_or_foreign_step(tmp_path):
     w = statevar.Variable([1.0], name="w")
     manager = statevar.CheckpointManager(tmp_path, max_to_keep=None)

@@ -160,6 +160,27 @@ def test_setitem_with_a_traced_boolean_index_names_the_variable_and_the_way_out(
     np.testing.assert_array_equal(v.numpy(), [1.0, 2.0, 3.0])
 
 
+@pytest.mark.parametrize(
+    ("index", "error", "match"),
+    [
+        (lambda i: (i, 0, 0), IndexError, "Too many indices"),
+        (lambda i: (slice(None, None, 0), i), ValueError, "slice step cannot be zero"),
+    ],
+    ids=["too many indices", "slice step of zero"],
+)
+def test_setitem_with_a_traced_index_refused_by_jax_names_the_variable(index, error, match):
+    v = statevar.Variable(np.zeros((3, 2), np.float32), name="v")
+
+    @statevar.jit
+    def step(i):
+        v[index(i)] = 1.0
+
+    shape = r"\(the variable's shape is \(3, 2\)\)"
+    with pytest.raises(error, match=rf"Cannot set Variable 'v'\[.*\]: .*{match}.*{shape}"):
+        step(jnp.array(0))
+    np.testing.assert_array_equal(v.numpy(), np.zeros((3, 2)))
+
+
 def test_setitem_with_a_comparison_mask():
     v = statevar.Variable([[1.0, -2.0], [-3.0, 4.0]])
 
