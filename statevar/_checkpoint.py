@@ -57,6 +57,7 @@ from ._pending import (
     interrupt_behind,
     raising_write_errors,
     settle,
+    starting,
 )
 from ._placement import put
 from ._signals import held_signals
@@ -239,14 +240,15 @@ def save(directory: PathLike, target: Any, *, blocking: bool = True) -> PendingS
     variables = named_variables(target)
     if not blocking:
         check_single_process("save")
-    snapshot = Snapshot.read(variables)
     checkpoint, shown = pathlib.Path(directory).absolute(), str(directory)
-    with directory_lock(checkpoint, "save to"):  # one writer per directory
-        settle(checkpoint)
-        if not blocking:
-            return _start_checkpoint(checkpoint, shown, snapshot)
-        with raising_write_errors(shown, None):
-            _write_checkpoint(checkpoint, snapshot)
+    with Snapshot.read(variables) as snapshot:
+        with directory_lock(checkpoint, "save to"):  # one writer per directory
+            settle(checkpoint)
+            if not blocking:
+                with starting():
+                    return _start_checkpoint(checkpoint, shown, snapshot)
+            with raising_write_errors(shown, None):
+                _write_checkpoint(checkpoint, snapshot)
     return None
 
 

@@ -6,9 +6,9 @@ for two. statevar copies in four cases, each a cause named here:
 
 - `HELD`: the variable's array is still held elsewhere (an array read from it and still
   alive), which must stay valid; seen from its reference count before every update.
-- `SAVING`: the one holding it is a background checkpoint save in flight
-  (`ProcessState.saved_arrays`): the copy a background save costs by design, which the
-  policy ``"warn"`` does not warn of and ``"raise"`` refuses as any other.
+- `SAVING`: the one holding it is a checkpoint save in flight, in the background or in
+  another thread (`ProcessState.saved_arrays`): the copy such a save costs by design, which
+  the policy ``"warn"`` does not warn of and ``"raise"`` refuses as any other.
 - `NOT_ALIASED`: XLA found no output of the compiled call to write the donated buffer
   into; JAX says so with its "Some donated buffers were not usable" warning when it lowers
   the call, which statevar catches (`lower_checked`) and names the variable instead.
@@ -49,10 +49,10 @@ _EXPLAINED = {
         "Let go of the read before the update (del it, or read after updating) to update in place.",
     ),
     SAVING: (
-        "a checkpoint save in flight (statevar.save(..., blocking=False) or an async "
-        "CheckpointManager) holds its array until written, so the value saved stays the "
-        "one of the save call",
-        "This is the one copy a background save costs; wait() for the save before updating "
+        "a checkpoint save in flight (in the background, as statevar.save(..., "
+        "blocking=False) or an async CheckpointManager, or in another thread) holds its "
+        "array until written, so the value saved stays the one of the save call",
+        "This is the one copy a save in flight costs; wait for the save before updating "
         "to update in place.",
     ),
     NOT_ALIASED: (

@@ -33,7 +33,14 @@ from ._checkpoint import (
 from ._checkpoint_targets import named_variables
 from ._errors import CheckpointExistsError, CheckpointNotFoundError
 from ._manifest import MANIFEST, STEP_ITEM, write_manifest
-from ._pending import PendingSave, Snapshot, check_single_process, raising_write_errors, settle
+from ._pending import (
+    PendingSave,
+    Snapshot,
+    check_single_process,
+    raising_write_errors,
+    settle,
+    starting,
+)
 from ._view import Readable
 
 if TYPE_CHECKING:
@@ -162,24 +169,26 @@ class CheckpointManager:
         variables = named_variables(target)
         if self._async_save:
             check_single_process("save")
-        snapshot = Snapshot.read(variables)
-        with directory_lock(self._directory, "save to"):  # one writer per directory
-            settle(self._directory)
-            if step in self.all_steps():
-                raise CheckpointExistsError(
-                    f"Cannot save step {step} to {self._shown!r}: that step already holds a "
-                    "checkpoint, and steps are never overwritten; save under a new step number"
-                )
-            if self._async_save:
-                return self._start_step(step, snapshot)
-            with raising_write_errors(self._shown, step):
-                self._clear_interrupted(step)
-                manager = self._orbax_manager()
-                try:
-                    self._save_data(manager, step, snapshot)
-                finally:
-                    manager.close()
-                self._commit_step(step, snapshot)
+        with Snapshot.read(variables) as snapshot:
+            with directory_lock(self._directory, "save to"):  # one writer per directory
+                settle(self._directory)
+                if step in self.all_steps():
+                    raise CheckpointExistsError(
+                        f"Cannot save step {step} to {self._shown!r}: that step already holds "
+                        "a checkpoint, and steps are never overwritten; save under a new step "
+                        "number"
+                    )
+                if self._async_save:
+                    with starting():
+                        return self._start_step(step, snapshot)
+                with raising_write_errors(self._shown, step):
+                    self._clear_interrupted(step)
+                    manager = self._orbax_manager()
+                    try:
+                        self._save_data(manager, step, snapshot)
+                    finally:
+                        manager.close()
+                    self._commit_step(step, snapshot)
         return None
 
     def _start_step(self, step: int, snapshot: Snapshot) -> PendingSave:

@@ -31,6 +31,7 @@ import jax
 
 from ._errors import CheckpointWriteError, StatevarError
 from ._manifest import array_sha256
+from ._signals import held_signals
 from ._state import STATE
 
 logger = logging.getLogger("statevar")
@@ -53,11 +54,23 @@ class Snapshot:
     values: dict[str, jax.Array]
 
     @classmethod
-    def read(cls, variables: dict[str, Any]) -> Snapshot:
+    @contextlib.contextmanager
+    def read(cls, variables: dict[str, Any]) -> Iterator[Snapshot]:
         """Reads every variable once, all under one hold of the update lock: a step another
-        thread runs lands before the snapshot or after it, never between two variables."""
+        thread runs lands before the snapshot or after it, never between two variables.
+
+        Until the block ends the arrays count as held by a save (`ProcessState.saved_arrays`):
+        an update that copies one meanwhile, in another thread, is the save's doing (see
+        `statevar.set_copy_policy`). A save in the background holds them again until it is
+        written (`PendingSave`).
+        """
         with STATE.update_lock:
-            return cls({name: variable.value for name, variable in variables.items()})
+            snapshot = cls({name: variable.value for name, variable in variables.items()})
+            held = _hold(snapshot)
+        try:
+            yield snapshot
+        finally:
+            _release(held)
 
     def stored(self) -> dict[str, jax.Array]:
         """The arrays orbax stores, keyed by position (see `statevar._checkpoint`). Orbax
@@ -177,6 +190,14 @@ def check_single_process(action: str) -> None:
         )
 
 
+def starting() -> contextlib.AbstractContextManager[None]:
+    """The block that starts a save in the background, from orbax's write to the save's
+    registration (`PendingSave._begin`): a signal waits until it ends, since an
+    interruption in between would leave orbax writing a save that nothing waits for and
+    whose failure nothing reports."""
+    return held_signals()
+
+
 # --------------------------------------------------------------------------- in flight
 
 # The latest save started into each directory (by resolved path) until it succeeds, or
@@ -260,7 +281,9 @@ class PendingSave:
     def _begin(self, finish: Callable[[], None], snapshot: Snapshot) -> PendingSave:
         """Registers the save as the one in flight into its directory and runs ``finish``
         (the rest of the write) in a thread the interpreter waits for at exit. The arrays
-        of ``snapshot`` count as held by a save (`ProcessState.saved_arrays`) until then."""
+        of ``snapshot`` count as held by a save (`ProcessState.saved_arrays`) until then.
+
+        Call it in a `starting` block, as the save's orbax write starts."""
         self._finish = finish
         self._saved = _hold(snapshot)
         # Started before it is registered: a thread that cannot start leaves nothing to

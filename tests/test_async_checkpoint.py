@@ -32,7 +32,7 @@ import pytest
 from orbax.checkpoint._src.checkpointers import async_checkpointer
 
 import statevar
-from statevar import _checkpoint, _manager
+from statevar import _checkpoint, _manager, _pending
 from statevar._checkpoint_targets import named_variables
 
 APIS = ["save", "CheckpointManager"]
@@ -419,6 +419,73 @@ def test_background_saves_are_refused_under_jax_distributed(tmp_path, monkeypatc
     with pytest.raises(statevar.StatevarError, match="Cannot save in the background with 2 proc"):
         Saver(api, tmp_path / "ckpt").save(1, statevar.Variable([1.0], name="w"))
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "background"])
+def test_a_save_in_another_thread_holds_its_arrays_as_a_save_from_its_read_on(
+    tmp_path, monkeypatch, api, blocking
+):
+    # Its copy is the save's doing from the moment the save reads the values, before orbax
+    # takes them: the policy "warn" lets it pass, "raise" names the save.
+    w = statevar.Variable(jnp.zeros(256), name="w")
+    read, release = threading.Event(), threading.Event()
+    real_settle = _checkpoint.settle
+
+    def settle(directory):  # the save has read the values and holds the directory's lock
+        read.set()
+        release.wait()
+        real_settle(directory)
+
+    monkeypatch.setattr(_checkpoint, "settle", settle)
+    monkeypatch.setattr(_manager, "settle", settle)
+    saved = []
+    saver = Saver(api, tmp_path / "ckpt")
+    thread = threading.Thread(target=lambda: saved.append(saver.save(1, w, blocking=blocking)))
+    thread.start()
+    try:
+        read.wait()
+        with statevar.copy_policy("raise"):
+            with pytest.raises(statevar.CopyError, match="Variable 'w'.*checkpoint save in fli"):
+                w.assign_add(1.0)
+        with statevar.copy_policy("warn"):
+            w.assign_add(1.0)  # copies for the save, silently (filterwarnings = error)
+    finally:
+        release.set()
+        thread.join()
+    if not blocking:
+        saved[0].wait()
+    with statevar.copy_policy("raise"):
+        w.assign_add(1.0)  # the save let go: donated again
+    w.assign(jnp.full(256, 7.0))
+    saver.restore(w)
+    np.testing.assert_array_equal(w.numpy(), np.zeros(256))  # the values the save read
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_an_interruption_as_a_background_save_starts_waits_until_it_is_registered(
+    tmp_path, monkeypatch, held_orbax_writes, api
+):
+    real_thread = threading.Thread
+
+    class Interrupted(real_thread):
+        def start(self):
+            super().start()
+            if self.name == "statevar-save":  # the save's thread: orbax's start no signal
+                signal.raise_signal(signal.SIGINT)  # before the save is registered
+
+    monkeypatch.setattr(threading, "Thread", Interrupted)
+    w = statevar.Variable([1.0], name="w")
+    saver = Saver(api, tmp_path / "ckpt")
+    with pytest.raises(KeyboardInterrupt):
+        saver.save(1, w)
+    monkeypatch.setattr(threading, "Thread", real_thread)
+    # Raised once the save was registered: a restore waits for it.
+    assert str((tmp_path / "ckpt").resolve()) in _pending._in_flight
+    held_orbax_writes.set()
+    w.assign([0.0])
+    saver.restore(w)
+    np.testing.assert_array_equal(w.numpy(), [1.0])
 
 
 # --------------------------------------------------------------------------- processes
