@@ -204,6 +204,9 @@ def starting() -> contextlib.AbstractContextManager[None]:
 # until its failure is raised; guarded by `_registry_lock`. Only this module reads it.
 _in_flight: dict[str, PendingSave] = {}
 _registry_lock = threading.Lock()
+# Whether the interpreter has begun to exit (`_finish_at_exit` ran): nothing waits for a
+# save started since, so it logs its own failure.
+_exiting = False
 # Guards `ProcessState.saved_arrays`' counts: a lock of its own, which nothing holds while
 # taking another (the update lock may be held by the thread a save interrupted).
 _saved_lock = threading.Lock()
@@ -265,6 +268,7 @@ class PendingSave:
           CheckpointWriteError: (an OSError) if the save failed: a full disk, a directory
             that cannot be written. It names the step, the directory and the cause; the
             checkpoints saved before are left as they were. Raised by every call of `wait`.
+          StatevarError: statevar's own error, as it was raised, if writing raised one.
         """
         self._done.wait()
         if self._error is not None:
@@ -312,6 +316,8 @@ class PendingSave:
         with _registry_lock:
             _in_flight[_key(self.directory)] = self
         self._done.set()
+        if _exiting:
+            _log_unreported(self)
         return self
 
     def _run(self) -> None:
@@ -330,6 +336,8 @@ class PendingSave:
                 with _registry_lock:
                     _forget(self)
             self._done.set()
+            if _exiting:
+                _log_unreported(self)
 
 
 def _hold(snapshot: Snapshot) -> tuple[int, ...]:
@@ -381,14 +389,24 @@ def settle(directory: pathlib.Path) -> None:
 
 
 def _finish_at_exit() -> None:
-    """Waits for every save in flight and logs each failure that no call raised."""
+    """Waits for every save in flight and logs each failure that no call raised. A save
+    started later (by an ``atexit`` function) logs its failure as it fails."""
+    global _exiting
+    _exiting = True
     with _registry_lock:
         pending_saves = list(_in_flight.values())
     for pending in pending_saves:
         pending._done.wait()
-        if pending._error is not None and not pending._reported:
-            pending._reported = True
-            logger.error("A checkpoint save failed and nothing waited for it: %s", pending._error)
+        _log_unreported(pending)
+
+
+def _log_unreported(pending: PendingSave) -> None:
+    """Logs the failure of ``pending`` if no call raised it: nothing will wait for it."""
+    with _registry_lock:
+        unreported = pending._error is not None and not pending._reported
+        pending._reported = True
+    if unreported:
+        logger.error("A checkpoint save failed and nothing waited for it: %s", pending._error)
 
 
 def _forget_in_child() -> None:

@@ -624,6 +624,33 @@ print("forked child:", os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush
 """
 
 
+_AT_EXIT = """
+import atexit, pathlib, sys
+import statevar
+
+directory = pathlib.Path(sys.argv[1])
+w = statevar.Variable([1.0], name="w")
+manager = statevar.CheckpointManager(directory / "run", async_save=True)
+
+def last_saves():  # too late for orbax, which needs thread pools the interpreter has shut
+    statevar.save(directory / "plain", w, blocking=False)
+    manager.save(9, w)
+    print("saves started", flush=True)
+
+atexit.register(last_saves)
+"""
+
+
+def test_a_background_save_started_as_the_interpreter_exits_logs_its_failure(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", _AT_EXIT, str(tmp_path)], capture_output=True, text=True
+    )
+    assert result.stdout == "saves started\n", result.stderr
+    failed = "A checkpoint save failed and nothing waited for it: Saving"
+    assert f"{failed} to '{tmp_path / 'plain'}' failed" in result.stderr, result.stderr
+    assert f"{failed} step 9 to '{tmp_path / 'run'}' failed" in result.stderr, result.stderr
+
+
 @pytest.mark.skipif(
     (3, 12, 0) <= sys.version_info[:3] < (3, 12, 3),
     reason="CPython 3.12.0 to 3.12.2 refuse to start threads while the interpreter exits, "
