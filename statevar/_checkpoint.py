@@ -28,6 +28,7 @@ import re
 import shutil
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal, overload
 
 import jax
@@ -423,22 +424,27 @@ class RestoreResult:
 
 
 def _restore(
-    checkpoint: pathlib.Path,
     target: Any,
     partial: bool,
-    shown: str,
-    step: int | None = None,
     *,
     lock: pathlib.Path,
-) -> RestoreResult:
-    """Reads the checkpoint, matches it to the target (see `match_checkpoint`) and assigns
-    the matched values, or raises before changing any variable. Reads holding the lock of
-    directory ``lock`` (not while a save replaces or deletes what it reads); assigns
+    locate: Callable[[], tuple[pathlib.Path, str, int | None] | None],
+) -> RestoreResult | None:
+    """Reads the checkpoint ``locate()`` names, as ``(directory, shown, step)``, matches it
+    to the target (see `match_checkpoint`) and assigns the matched values, or raises before
+    changing any variable; if ``locate()`` gives None, restores nothing and returns None.
+
+    Locates and reads holding the lock of directory ``lock`` (not while a save replaces or
+    deletes what it reads, nor between the choice of a step and its reading); assigns
     holding the update lock only (a save in a signal handler that interrupted an update
     holds that one and waits for a directory lock). A save in flight into ``lock`` is
     waited for first, and its failure raised if no call has raised it."""
     with directory_lock(lock, "restore from"):
         settle(lock)
+        located = locate()
+        if located is None:
+            return None
+        checkpoint, shown, step = located
         match, placed = _read_restored(checkpoint, target, partial, shown)
     # All or nothing: a step another thread runs lands before the restore or after it, and
     # a signal (Ctrl-C) arriving meanwhile is raised once every variable is restored.
@@ -528,7 +534,11 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
     checkpoint = pathlib.Path(directory).absolute()
     if _STEP_NAME.match(checkpoint.name):  # perhaps a step a CheckpointManager is writing
         settle(checkpoint.parent)
-    return _restore(checkpoint, target, partial, str(directory), lock=checkpoint)
+    result = _restore(
+        target, partial, lock=checkpoint, locate=lambda: (checkpoint, str(directory), None)
+    )
+    assert result is not None  # located
+    return result
 
 
 def _complete_steps(directory: pathlib.Path) -> list[int]:

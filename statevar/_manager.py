@@ -344,29 +344,34 @@ class CheckpointManager:
           CheckpointWriteError: as `wait_until_finished`, which `restore` calls first.
         """
         check_untraced("restore")
-        settle(self._directory)  # a save in flight: its step may be the latest
-        steps = self.all_steps()
-        if step is None:
-            if not steps:
-                reason = "holds no complete step" if self._directory.is_dir() else "does not exist"
-                logger.warning(
-                    "No checkpoint to restore: directory %r (%s) %s; nothing was restored",
-                    self._shown,
-                    self._directory,
-                    reason,
+        if step is not None:
+            step = _checked_step(step)
+
+        def locate() -> tuple[pathlib.Path, str, int] | None:
+            # Under the directory's lock, once the save in flight is written (its step may
+            # be the latest): no save deletes the step chosen before it is read.
+            steps = self.all_steps()
+            chosen = step
+            if chosen is None:
+                if not steps:
+                    there = (
+                        "holds no complete step" if self._directory.is_dir() else "does not exist"
+                    )
+                    logger.warning(
+                        "No checkpoint to restore: directory %r (%s) %s; nothing was restored",
+                        *(self._shown, self._directory, there),
+                    )
+                    return None
+                chosen = steps[-1]
+            elif chosen not in steps:
+                raise CheckpointNotFoundError(
+                    f"Checkpoint directory {self._shown!r} has no complete step {chosen}; the "
+                    f"steps there are {steps}"
                 )
-                return None
-            step = steps[-1]
-        elif _checked_step(step) not in steps:
-            raise CheckpointNotFoundError(
-                f"Checkpoint directory {self._shown!r} has no complete step {step}; the steps "
-                f"there are {steps}"
-            )
-        step = int(step)
-        shown = os.path.join(self._shown, str(step))
-        return _restore(
-            self._directory / str(step), target, partial, shown, step, lock=self._directory
-        )
+            shown = os.path.join(self._shown, str(chosen))
+            return self._directory / str(chosen), shown, chosen
+
+        return _restore(target, partial, lock=self._directory, locate=locate)
 
     def __repr__(self) -> str:
         options = f"max_to_keep={self._max_to_keep}"

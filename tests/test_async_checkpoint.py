@@ -600,6 +600,7 @@ import os, pathlib, signal, sys, threading
 import numpy as np
 from orbax.checkpoint._src.checkpointers import async_checkpointer
 import statevar
+from statevar._state import STATE  # imported before the fork: a child imports nothing
 
 directory = pathlib.Path(sys.argv[1])
 exiting = threading.Event()
@@ -618,7 +619,6 @@ statevar.save(directory / "file" / "unwritable", w, blocking=False)
 child = os.fork()  # a child has no thread of these saves: it exits without them
 if child == 0:
     signal.alarm(60)  # one waiting for them would wait forever: killed, it fails the test
-    from statevar._state import STATE
     sys.exit(3 if STATE.saved_arrays else 0)  # nor counts the arrays they hold as held
 print("forked child:", os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
 """

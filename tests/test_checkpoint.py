@@ -28,6 +28,7 @@ import pytest
 
 import statevar
 from statevar import _checkpoint, _manager, _manifest
+from statevar._state import STATE
 
 MANIFEST = "statevar_checkpoint.json"
 
@@ -611,6 +612,26 @@ def test_a_failed_deletion_of_an_old_step_is_logged_and_the_step_saved(
     w.assign([0.0])
     manager.restore(w)
     np.testing.assert_array_equal(w.numpy(), [2.0])
+
+
+@pytest.mark.parametrize("step", [None, 1], ids=["latest", "given"])
+def test_manager_restore_chooses_its_step_holding_the_directory_lock(tmp_path, monkeypatch, step):
+    # No save in another thread can delete the step chosen before it is read.
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path, max_to_keep=1)
+    manager.save(1, w)
+    real_all_steps = manager.all_steps
+    locked = []
+
+    def all_steps():
+        locked.append(STATE.checkpoint_locks[str(tmp_path.resolve())]._is_owned())
+        return real_all_steps()
+
+    monkeypatch.setattr(manager, "all_steps", all_steps)
+    w.assign([0.0])
+    assert manager.restore(w, step=step).step == 1
+    assert locked and all(locked)
+    np.testing.assert_array_equal(w.numpy(), [1.0])
 
 
 def test_manager_never_lists_an_interrupted_or_foreign_step(tmp_path):
