@@ -427,20 +427,22 @@ def _restore(
     target: Any,
     partial: bool,
     *,
-    lock: pathlib.Path,
+    locks: tuple[pathlib.Path, ...],
     locate: Callable[[], tuple[pathlib.Path, str, int | None] | None],
 ) -> RestoreResult | None:
     """Reads the checkpoint ``locate()`` names, as ``(directory, shown, step)``, matches it
     to the target (see `match_checkpoint`) and assigns the matched values, or raises before
     changing any variable; if ``locate()`` gives None, restores nothing and returns None.
 
-    Locates and reads holding the lock of directory ``lock`` (not while a save replaces or
-    deletes what it reads, nor between the choice of a step and its reading); assigns
-    holding the update lock only (a save in a signal handler that interrupted an update
-    holds that one and waits for a directory lock). A save in flight into ``lock`` is
-    waited for first, and its failure raised if no call has raised it."""
-    with directory_lock(lock, "restore from"):
-        settle(lock)
+    Locates and reads holding the locks of the directories ``locks``, outermost first (not
+    while a save replaces or deletes what it reads, nor between the choice of a step and
+    its reading); assigns holding the update lock only (a save in a signal handler that
+    interrupted an update holds that one and waits for a directory lock). A save in flight
+    into each is waited for first, and its failure raised if no call has raised it."""
+    with contextlib.ExitStack() as held:
+        for lock in locks:
+            held.enter_context(directory_lock(lock, "restore from"))
+            settle(lock)
         located = locate()
         if located is None:
             return None
@@ -532,10 +534,11 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
     """
     check_untraced("restore")
     checkpoint = pathlib.Path(directory).absolute()
-    if _STEP_NAME.match(checkpoint.name):  # perhaps a step a CheckpointManager is writing
-        settle(checkpoint.parent)
+    locks = (checkpoint,)
+    if _STEP_NAME.match(checkpoint.name):  # perhaps a step of a CheckpointManager's, whose
+        locks = (checkpoint.parent, checkpoint)  # saves write and delete steps
     result = _restore(
-        target, partial, lock=checkpoint, locate=lambda: (checkpoint, str(directory), None)
+        target, partial, locks=locks, locate=lambda: (checkpoint, str(directory), None)
     )
     assert result is not None  # located
     return result

@@ -371,7 +371,7 @@ class CheckpointManager:
             shown = os.path.join(self._shown, str(chosen))
             return self._directory / str(chosen), shown, chosen
 
-        return _restore(target, partial, lock=self._directory, locate=locate)
+        return _restore(target, partial, locks=(self._directory,), locate=locate)
 
     def __repr__(self) -> str:
         options = f"max_to_keep={self._max_to_keep}"

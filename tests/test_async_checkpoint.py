@@ -619,7 +619,10 @@ statevar.save(directory / "file" / "unwritable", w, blocking=False)
 child = os.fork()  # a child has no thread of these saves: it exits without them
 if child == 0:
     signal.alarm(60)  # one waiting for them would wait forever: killed, it fails the test
-    sys.exit(3 if STATE.saved_arrays else 0)  # nor counts the arrays they hold as held
+    # The interpreter's exit up to its own teardown, whose C++ part (jaxlib's thread pools,
+    # which a forked child lacks) may deadlock after a fork: JAX warns that it will.
+    threading._shutdown()  # runs the exit hooks that wait for saves in flight
+    os._exit(3 if STATE.saved_arrays else 0)  # nor counts the arrays they hold as held
 print("forked child:", os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
 """
 

@@ -634,6 +634,28 @@ def test_manager_restore_chooses_its_step_holding_the_directory_lock(tmp_path, m
     np.testing.assert_array_equal(w.numpy(), [1.0])
 
 
+def test_restoring_a_managers_step_directory_reads_holding_the_managers_lock(tmp_path, monkeypatch):
+    # statevar.restore("run/3"): no save of the manager's, in another thread, deletes the
+    # step while it is read.
+    w = statevar.Variable([1.0], name="w")
+    statevar.CheckpointManager(tmp_path / "run").save(3, w)
+    real_read = _checkpoint._read_restored
+    locked = []
+
+    def read_restored(*args):
+        locks = [STATE.checkpoint_locks[str(p.resolve())] for p in (tmp_path / "run", tmp_path)]
+        locked.append([lock._is_owned() for lock in locks])
+        return real_read(*args)
+
+    monkeypatch.setattr(_checkpoint, "_read_restored", read_restored)
+    statevar.save(tmp_path, w)  # a directory whose name is no step: its own lock alone
+    w.assign([0.0])
+    statevar.restore(tmp_path / "run" / "3", w)
+    statevar.restore(tmp_path, w)
+    assert locked == [[True, False], [False, True]]
+    np.testing.assert_array_equal(w.numpy(), [1.0])
+
+
 def test_manager_never_lists_an_interrupted_or_foreign_step(tmp_path):
     w = statevar.Variable([1.0], name="w")
     manager = statevar.CheckpointManager(tmp_path, max_to_keep=None)
