@@ -119,8 +119,10 @@ class JitFunction:
           PlacementError: if variables and arguments are on different sets of devices.
         """
         key, entry, dynamic = self._prepare(args, kwargs)
-        entry, arrays, _, _ = self._trace(key, entry, dynamic, donating=False)
-        return entry.jitted.lower(arrays, dynamic)
+        entry = self._current(key, entry)
+        with STATE.update_lock:  # as a call lowers: a refused donation is recorded
+            entry, arrays, _, _ = self._trace(key, entry, dynamic, donating=False)
+            return entry.lowered(lambda: entry.jitted.lower(arrays, dynamic), arrays)
 
     def memory_report(self, *args: Any, **kwargs: Any) -> MemoryReport:
         """Reports what a call with these arguments needs, by XLA's plan (see
@@ -131,9 +133,11 @@ class JitFunction:
           PlacementError: if variables and arguments are on different sets of devices.
         """
         key, entry, dynamic = self._prepare(args, kwargs)
-        entry, arrays, _, _ = self._trace(key, entry, dynamic, donating=False)
-        held = held_elsewhere(arrays)  # before anything else holds the arrays
-        return _memory_report.build(self.__name__, entry, arrays, held, dynamic)
+        entry = self._current(key, entry)
+        with STATE.update_lock:  # as a call lowers (see `Entry.lowered`)
+            entry, arrays, _, _ = self._trace(key, entry, dynamic, donating=False)
+            held = held_elsewhere(arrays)  # before anything else holds the arrays
+            return _memory_report.build(self.__name__, entry, arrays, held, dynamic)
 
     @property
     def copy_action(self) -> str:
@@ -178,6 +182,16 @@ class JitFunction:
     def _run(self, key: Any, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
         """Calls ``entry`` on concrete arguments, donating and replacing the variables'
         arrays: the warm call, or the first call of an entry (see `_first_call`)."""
+        entry = self._current(key, entry)
+        if entry.call is not None:
+            result = entry.call(dynamic)
+            return self._missed(key, entry, dynamic, result) if type(result) is Miss else result
+        return self._first_call(key, entry, dynamic)
+
+    def _current(self, key: Any, entry: Entry) -> Entry:
+        """``entry`` as a call needs it now: made again if, since it was, a Module let go of
+        a variable it lifts or a trainable flag or sharding changed (a new compile epoch);
+        traced again lifting more if JAX's latest trace found more."""
         if entry.epoch != STATE.compile_epoch:
             if STATE.stale(entry.lifted, entry.structure):
                 # A Module let go of a variable this step lifted (or came to hold variables
@@ -194,10 +208,7 @@ class JitFunction:
         found = entry.last_found
         if found is not None and found.needs_retrace:
             entry = self._retrace(key, entry, found)  # JAX traced it again for new shapes
-        if entry.call is not None:
-            result = entry.call(dynamic)
-            return self._missed(key, entry, dynamic, result) if type(result) is Miss else result
-        return self._first_call(key, entry, dynamic)
+        return entry
 
     def _missed(self, key: Any, entry: Entry, dynamic: tuple[Any, ...], miss: Miss) -> Any:
         """Runs a call that ``entry``'s warm call did not serve (see `Miss`) through the

@@ -196,6 +196,17 @@ class Entry:
         assert found is not None  # set by every trace of the pure function
         return found
 
+    def lowered(self, lower: Callable[[], Any], arrays: list[jax.Array]) -> Any:
+        """Runs ``lower``, a lowering of the step for ``arrays`` (JAX keeps it for the call
+        that follows, and warns of a refused donation only the first time), and records in
+        `refused` the variables whose donation JAX refuses; returns what it returned. Every
+        lowering of an entry goes through here, under `ProcessState.update_lock` (the
+        warning filters it sets to catch JAX's warning are process state)."""
+        lowered, refusal = _copies.lower_checked(lower)
+        if refusal is not None:
+            self.refused = _copies.refused(refusal, arrays)
+        return lowered
+
     def check_donations(self, arrays: list[jax.Array], dynamic: tuple, action: str) -> None:
         """Before the first call for these arguments, lowers the step (JAX keeps the
         lowering for the call) and applies the copy policy to each variable whose donation
@@ -204,9 +215,7 @@ class Entry:
         Raises:
           CopyError: under the copy policy ``"raise"``.
         """
-        _, refusal = _copies.lower_checked(lambda: self.jitted.lower(arrays, dynamic))
-        if refusal is not None:
-            self.refused = _copies.refused(refusal, arrays)
+        self.lowered(lambda: self.jitted.lower(arrays, dynamic), arrays)
         if self.refused:
             indices = sorted(self.refused)
             _copies.check_many(

@@ -176,13 +176,11 @@ def build(
 
     ``held`` says which arrays something else holds (`_update.held_elsewhere`): the step
     would copy them. The variables whose donation JAX refuses are recorded in
-    ``entry.refused`` (JAX lowers once: a later lowering repeats no refusal).
+    ``entry.refused`` (see `Entry.lowered`). Call it under `ProcessState.update_lock`.
     """
     traced = entry.jitted.trace(arrays, dynamic)
     jaxpr = traced.jaxpr.jaxpr
-    lowered, refusal = _copies.lower_checked(traced.lower)
-    if refusal is not None:
-        entry.refused = _copies.refused(refusal, arrays)
+    lowered = entry.lowered(traced.lower, arrays)
     compiled = lowered.compile()  # kept by JAX for the step's calls
     stats = compiled.memory_analysis()
     costs = compiled.cost_analysis()

@@ -12,6 +12,7 @@ import pytest
 from jax._src.interpreters import mlir
 
 import statevar
+from statevar import _copies
 from statevar._state import STATE
 
 HELD = "still held elsewhere"
@@ -270,6 +271,30 @@ def test_a_compiled_step_whose_donation_jax_refuses_warns_and_raises(request, ca
         step(jnp.ones(5))  # JAX lowered it already: statevar remembers the refusal
     np.testing.assert_array_equal(v.value, np.ones(5))
     assert step.memory_report(jnp.ones(5)).variables[0].fate == "copied"
+
+
+@pytest.mark.parametrize("inspect", ["lower", "memory_report"])
+def test_a_refusal_found_by_lower_or_memory_report_is_the_calls_too(
+    first_donation_unaliased, monkeypatch, inspect
+):
+    # JAX warns of a refused donation on its first lowering only, which these make; they
+    # lower as a call does, holding the update lock (the warning filters are process state).
+    v = statevar.Variable(jnp.zeros(7), name="inspected")
+    step = _step_for(v)
+    real_lower_checked = _copies.lower_checked
+    locked = []
+
+    def lower_checked(lower):
+        locked.append(STATE.update_lock._is_owned())
+        return real_lower_checked(lower)
+
+    monkeypatch.setattr(_copies, "lower_checked", lower_checked)
+    getattr(step, inspect)(jnp.ones(7))  # JAX's own warning would fail the test
+    assert locked == [True]
+    with statevar.copy_policy("raise"):
+        with pytest.raises(statevar.CopyError, match="'inspected' .*XLA found no output"):
+            step(jnp.ones(7))
+    np.testing.assert_array_equal(v.value, np.zeros(7))
 
 
 def test_a_refused_first_call_leaves_a_variable_placed_nowhere_uncommitted(

@@ -54,6 +54,25 @@ def test_the_report_gives_each_variable_its_bytes_and_fate():
     assert report.function == "step"
 
 
+def test_the_report_is_of_the_step_the_next_call_runs_after_a_flag_changes():
+    a = statevar.Variable(jnp.zeros(4), name="a")
+    b = statevar.Variable(jnp.zeros(4), name="b")
+
+    @statevar.jit
+    def step():
+        a.assign_add(1.0)
+        if b.trainable:  # what the trace reads off a flag, as statevar.grad's variables
+            b.assign_add(1.0)
+        return b.value.sum()
+
+    step()
+    b.trainable = False  # the next call traces again, and only reads b
+    fates = {row.path: row.fate for row in step.memory_report().variables}
+    assert fates == {"a": "donated", "b": "read"}
+    step()
+    assert [float(a.value[0]), float(b.value[0])] == [2.0, 1.0]
+
+
 def test_a_variable_with_a_read_alive_shows_as_copied():
     step, weights, _, _ = _known_step()
     read = weights.value
