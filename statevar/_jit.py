@@ -316,7 +316,8 @@ class JitFunction:
         if retraced is not found and retraced is not None and retraced.needs_retrace:
             # That trace found more to lift, and gave every variable back unchanged.
             return self._run(key, entry, dynamic)
-        entry.call = warm_call(self, entry)
+        # A refused donation takes no warm call: each call applies the copy policy of its time.
+        entry.call = None if entry.refused else warm_call(self, entry)
         return result
 
     def _check_devices(self, lifted: tuple[Variable, ...], arrays: list, dynamic: tuple) -> None:

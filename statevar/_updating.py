@@ -127,10 +127,11 @@ def _run_kernel_locked(
     if variable._compiled_generation != STATE.compiled_updates_generation:
         variable._forget_compiled()  # `statevar.clear_caches` dropped them
     first = key not in variable._compiled
+    refused = None
     if shared:
         _copies.check(variable, _copies.HELD, old.nbytes, operation.name)
     elif first:
-        check_donation(variable, operation, kernel, key, (old, *operands))
+        refused = check_donation(variable, operation, kernel, key, (old, *operands))
     if not old.committed and any(map(_placement.is_committed, operands)):
         # JAX commits what it computes from a committed array: the variable becomes
         # committed. The new compile epoch starts before the store, so that no
@@ -154,13 +155,15 @@ def _run_kernel_locked(
         return
     if variable._value is old:  # put back: the update was traced
         variable._refuse_traced(operation)
-    if not shared:
-        # The donating call is compiled: JAX's fast path from now on.
+    if not shared and refused is None:
+        # The donating call is compiled: JAX's fast path from now on. One whose donation
+        # JAX refuses stays on this path, where each call applies the copy policy of its
+        # time (a memo lookup: nothing is lowered again).
         variable._compiled.add(key)
     if variable._value.committed is not old.committed:
         # Committed some other way (not expected: see above); still a new epoch.
         STATE.bump_compile_epoch()
-    elif not shared and signature == operation.name:
+    elif not shared and refused is None and signature == operation.name:
         slot = HOT_SLOTS.get(operation)
         if slot is not None:
             variable._open_hot_path(slot)
@@ -180,22 +183,26 @@ def copying_kernel(variable: Any, operation: Operation) -> Any:
 
 def check_donation(
     variable: Any, operation: Operation, kernel: Any, key: Any, arguments: tuple
-) -> None:
+) -> str | None:
     """Before a donating kernel's first call for a variable, applies the copy policy if
     JAX refuses the donation (no output can take the buffer, or the platform does not
     donate): the kernel would copy. Lowers the kernel once per kind of arguments (the
     call that follows reuses the lowering); runs nothing.
 
+    Returns:
+      The cause of the refusal (see `statevar._copies`), or None.
+
     Raises:
       CopyError: under the copy policy ``"raise"``.
     """
     if any(isinstance(argument, Tracer) for argument in arguments):
-        return  # an outer jax.jit traces the update: nothing is donated
+        return None  # an outer jax.jit traces the update: nothing is donated
     old = arguments[0]
     memo = (kernel, key, old.aval, old.sharding)
     cause = _copies.kernel_refusal(memo, kernel, arguments)
     if cause is not None:
         _copies.check(variable, cause, old.nbytes, operation.name)
+    return cause
 
 
 def record_traced(variable: Any, operation: Operation, value: Any, index: tuple | None) -> Any:

@@ -316,6 +316,26 @@ def test_a_refused_first_call_leaves_a_variable_placed_nowhere_uncommitted(
     np.testing.assert_array_equal(v.value, np.ones(6))
 
 
+@pytest.mark.parametrize("call", ["eager", "compiled"])
+def test_a_refused_donation_meets_the_policy_of_each_calls_time(first_donation_unaliased, call):
+    # Once warned of, later calls copy in silence under "warn", and "raise" still refuses.
+    v = statevar.Variable(jnp.zeros((5, 3)), name="refused")
+    step = _step_for(v)
+
+    def update():
+        v.assign_add(jnp.ones((5, 3))) if call == "eager" else step(jnp.ones((5, 3)))
+
+    with statevar.copy_policy("warn"), pytest.warns(statevar.CopyWarning, match="'refused'"):
+        update()
+    with statevar.copy_policy("warn"):
+        for _ in range(3):  # the hot path and the warm call stay shut: no warning again
+            update()
+    with statevar.copy_policy("raise"):
+        with pytest.raises(statevar.CopyError, match="'refused' .*XLA found no output"):
+            update()
+    np.testing.assert_array_equal(v.value, np.full((5, 3), 4.0))
+
+
 # --------------------------------------------------------------------------- the setting
 
 
