@@ -271,9 +271,8 @@ class JitFunction:
                 )
             except BaseException as error:
                 uncommit(replaced)  # nothing ran: every variable as it was
-                if not isinstance(error, (RuntimeError, ValueError)):
-                    raise
-                if not _is_deleted_error(error):
+                deleted = isinstance(error, (RuntimeError, ValueError)) and _is_deleted_error(error)
+                if not deleted:
                     raise
                 # Copying a shared array that was deleted: name the variable.
                 arrays = [v._value for v in entry.lifted]

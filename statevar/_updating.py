@@ -184,10 +184,11 @@ def copying_kernel(variable: Any, operation: Operation) -> Any:
 def check_donation(
     variable: Any, operation: Operation, kernel: Any, key: Any, arguments: tuple
 ) -> str | None:
-    """Before a donating kernel's first call for a variable, applies the copy policy if
-    JAX refuses the donation (no output can take the buffer, or the platform does not
-    donate): the kernel would copy. Lowers the kernel once per kind of arguments (the
-    call that follows reuses the lowering); runs nothing.
+    """Before a donating kernel's first call for a variable (and each later one while JAX
+    refuses the donation), applies the copy policy if JAX refuses it (no output can take
+    the buffer, or the platform does not donate): the kernel would copy. Lowers the kernel
+    once per kind of arguments (the call that follows reuses the lowering; later calls
+    find the refusal memoized); runs nothing.
 
     Returns:
       The cause of the refusal (see `statevar._copies`), or None.
