@@ -271,8 +271,7 @@ class JitFunction:
                 )
             except BaseException as error:
                 uncommit(replaced)  # nothing ran: every variable as it was
-                deleted = isinstance(error, (RuntimeError, ValueError)) and _is_deleted_error(error)
-                if not deleted:
+                if not (isinstance(error, (RuntimeError, ValueError)) and _is_deleted_error(error)):
                     raise
                 # Copying a shared array that was deleted: name the variable.
                 arrays = [v._value for v in entry.lifted]
