@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from jax import lax
 
 from . import _copies, _placement, _trace, _update, _variable
 from ._convert import Tracer
@@ -137,9 +138,7 @@ class Entry:
         self.lifted, self.refs, self.split, self.extra = lifted, refs, split, extra
         self._traced = _Traced()
         pure = _pure_step(fn, split, lifted, refs, self._traced)
-        # keep_unused: a variable the function only writes is still donated and updated in
-        # place (JAX would otherwise prune the unread argument and its donation).
-        self.jitted = jax.jit(pure, donate_argnums=0, **{"keep_unused": True, **jit_kwargs})
+        self.jitted = jax.jit(pure, donate_argnums=0, **jit_kwargs)
         self.flags = _variable.compile_flags(lifted)
         self.epoch = STATE.compile_epoch
         self.structure = STATE.structure_epoch
@@ -270,9 +269,33 @@ def _pure_step(
         final.update(frame.values)
         # The variables' values come before the result: XLA gives a donated buffer to the
         # first output of its shape and dtype, which must be the variable's own.
-        return (*map(_variable.keep_sharding, lifted, map(final.get, lifted)), result)
+        read = frame.given_read.keys() | set(refs)
+        return (
+            *(
+                _returned(v, old, final[v], written_through=v not in read)
+                for v, old in zip(lifted, arrays, strict=True)
+            ),
+            result,
+        )
 
     return pure
+
+
+def _returned(variable: Variable, old: Any, new: Any, written_through: bool) -> Any:
+    """A lifted variable's new value as the step returns it: pinned to the variable's
+    sharding and, if ``written_through`` (the step never read the variable's old value),
+    written through its old buffer.
+
+    Writing through (a full-size ``dynamic_update_slice``, which XLA folds away) makes the
+    step use the old value, so JAX keeps the argument and its donation: a variable the
+    step only writes is updated in place. JAX's ``keep_unused=True`` would keep it too, but
+    from JAX 0.11 on a step compiled with it stays cached after it is dropped. Variables
+    the step read need nothing (they stay as cheap to trace as before).
+    """
+    new = _variable.keep_sharding(variable, new)
+    if new is old or not written_through:
+        return new
+    return _variable.keep_sharding(variable, lax.dynamic_update_slice(old, new, (0,) * old.ndim))
 
 
 _RESULT_TYPES = (jax.Array, np.ndarray, np.generic, int, float, complex)

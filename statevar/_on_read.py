@@ -191,9 +191,17 @@ def local_updates(operation: Operation, layout: Layout) -> tuple[Any, Any]:
 
 
 def _pair(update: Any, layout: Layout, **kwargs: Any) -> tuple[Any, Any]:
-    # keep_unused: an assign that ignores the old values still donates their buffer.
-    kwargs.update(out_shardings=layout.replica_sharding, keep_unused=True)
-    return jax.jit(update, donate_argnums=0, **kwargs), jax.jit(update, **kwargs)
+    def written_through(old: Any, *args: Any) -> jax.Array:
+        # Writing the result over the old values keeps them an input of the computation, so
+        # an assign that ignores them still donates their buffer (JAX drops the donation of
+        # an argument the result does not use); XLA folds the full-size write away.
+        new = update(old, *args)
+        return _placement.pin(
+            lax.dynamic_update_slice(old, new, (0,) * old.ndim), layout.replica_sharding
+        )
+
+    kwargs.update(out_shardings=layout.replica_sharding)
+    return jax.jit(written_through, donate_argnums=0, **kwargs), jax.jit(update, **kwargs)
 
 
 def _like(shape: tuple[int, ...], dtype: Any, sharding: Any) -> jax.ShapeDtypeStruct:

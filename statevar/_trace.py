@@ -164,6 +164,10 @@ class Frame:
         self.refs = refs
         self.differentiated: frozenset[Any] = frozenset(values) if kind == "grad" else frozenset()
         self.written: dict[Any, None] = {}
+        # The variables whose given value (the one the frame started with) the trace read:
+        # a `statevar.jit` step writes the others through their old buffer, which JAX would
+        # otherwise prune with its donation (see `_jit_cache._written_through`).
+        self.given_read: dict[Any, None] = {}
         self.unlifted: dict[Any, None] = {}
         self.wanted_refs: dict[Any, None] = {}
         # The variables moved into refs while the frame traced (see `_lift_into_ref`).
@@ -268,6 +272,8 @@ def read(var: Lifted) -> Any | None:
                     return ref[...]
         value = frame.values.get(var)
         if value is not None:
+            if var not in frame.written:
+                frame.given_read[var] = None
             if get_opaque_trace_state() != frame._state:
                 _note_nested_read(frame, var)
             return value
@@ -396,6 +402,8 @@ def _lift_into_ref(stack: list[Frame], var: Lifted, operation: str) -> bool:
     loop_reads = owner._loop_reads.get(var)
     if loop_reads and any(id(trace) in loop_reads for trace in _nesting.traces_below(owner)):
         return False
+    if var not in owner.written:
+        owner.given_read[var] = None
     with set_current_trace(owner._trace):
         owner.refs[var] = jax.new_ref(owner.values.pop(var))
     owner.lifted_refs[var] = None

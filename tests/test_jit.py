@@ -1066,6 +1066,29 @@ def test_a_variable_the_step_only_writes_is_updated_in_place():
     chex.assert_trees_all_equal(written.value, jnp.full(4096, 3.0))
 
 
+def test_a_dropped_step_lets_go_of_its_compiled_program():
+    # A step made, called once and dropped leaves nothing cached: JAX's caches of its
+    # trace, lowering and executable die with it. Its closed-over constant lives in the
+    # compiled program, so it is freed exactly when the program is. (On JAX 0.11 and later,
+    # a step compiled with keep_unused=True stayed cached forever.)
+    w = statevar.Variable(jnp.ones(4), name="w")
+
+    def make_call_and_drop():
+        constant = jnp.arange(4.0) * 3
+
+        @statevar.jit
+        def step(x):
+            w.assign(x * constant)  # written, never read: still donated
+
+        step(jnp.ones(4))
+        return weakref.ref(constant)
+
+    constants = [make_call_and_drop() for _ in range(3)]
+    gc.collect()
+    assert [c() for c in constants] == [None, None, None]
+    chex.assert_trees_all_equal(w.value, jnp.arange(4.0) * 3)
+
+
 def test_a_warm_step_called_with_new_shapes_keeps_updating():
     # The same entry serves every shape of an array argument: JAX traces it again inside
     # the warm call, and the lean call made for the earlier trace hands over to the new one.
