@@ -8,11 +8,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeGuard
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
-from . import _placement, _trace
+from . import _jax, _placement, _trace
 from ._convert import (
     Tracer,
     check_not_deleted,
@@ -193,7 +192,7 @@ def evaluate_initializer(
     if not may_spread:
         return (result._read() if isinstance(result, Readable) else result), None
     target = target_sharding(label, result.shape, sharding, device, None)
-    run = jax.extend.core.jaxpr_as_fun(traced.jaxpr)
+    run = _jax.jaxpr_as_fun(traced.jaxpr)
     return jax.jit(lambda: run()[0], out_shardings=target)(), target
 
 

@@ -179,7 +179,7 @@ def build(
     ``entry.refused`` (see `Entry.lowered`). Call it under `ProcessState.update_lock`.
     """
     traced = entry.jitted.trace(arrays, dynamic)
-    jaxpr = traced.jaxpr.jaxpr
+    jaxpr = traced.jaxpr  # its invars and outvars: the step's arguments and results
     lowered = entry.lowered(traced.lower, arrays)
     compiled = lowered.compile()  # kept by JAX for the step's calls
     stats = compiled.memory_analysis()

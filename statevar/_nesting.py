@@ -7,14 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jax.extend.core import find_top_trace
-
+from . import _jax
 from ._errors import TraceContextError
-
-
-def is_cached_kind(trace: Any) -> bool:
-    return type(trace).__name__ not in ("JVPTrace", "LinearizeTrace", "BatchTrace")
-
 
 # What JAX traces a function for when it runs it at most once per step (a loop's body and
 # cond_fun run many times, a custom_vjp function's may run again for its gradient).
@@ -23,37 +17,29 @@ RUN_ONCE = frozenset(("cond", "switch", "jit", "checkpoint / remat"))
 
 def traces_below(frame: Any) -> list[Any]:
     """The traces between the current one (first) and ``frame``'s own (excluded)."""
-    traces, trace = [], find_top_trace(())
+    traces, trace = [], _jax.current_trace()
     while trace is not None and trace is not frame._trace:
         traces.append(trace)
-        trace = getattr(trace, "parent_trace", None)
+        trace = _jax.enclosing_trace(trace)
     return traces
 
 
 def enclosing_vmap() -> Any | None:
     """The innermost `jax.vmap` trace the current trace runs under, or None."""
-    trace = find_top_trace(())
+    trace = _jax.current_trace()
     while trace is not None:
-        if is_vmap(trace):
+        if _jax.is_batching(trace):
             return trace
-        trace = getattr(trace, "parent_trace", None)
+        trace = _jax.enclosing_trace(trace)
     return None
-
-
-def transformation_of(trace: Any) -> str | None:
-    debug_info = getattr(getattr(trace, "frame", None), "debug_info", None)
-    return getattr(debug_info, "traced_for", None)
-
-
-def is_vmap(trace: Any) -> bool:
-    return type(trace).__name__ == "BatchTrace"
 
 
 def cannot_carry_refs(trace: Any) -> bool:
     """Whether a ref is read outside ``trace`` rather than in it: under `jax.vmap` (where
     JAX cannot carry a ref into a cond, switch or while loop) and in
     `jax.lax.custom_linear_solve` (under ``jax.scipy.sparse.linalg.cg``)."""
-    return is_vmap(trace) or (transformation_of(trace) or "").startswith("custom_linear_solve")
+    transformation = _jax.transformation_of(trace) or ""
+    return _jax.is_batching(trace) or transformation.startswith("custom_linear_solve")
 
 
 def read_level(frame: Any) -> Any | None:
@@ -66,34 +52,32 @@ def read_level(frame: Any) -> Any | None:
     level = None
     for trace in traces_below(frame):  # innermost first: the last found is the outermost
         if cannot_carry_refs(trace):
-            level = getattr(trace, "parent_trace", None)
+            level = _jax.enclosing_trace(trace)
     return level
 
 
 def check_ref_read(frame: Any, var: Any) -> None:
     for trace in traces_below(frame):
-        traced_for = transformation_of(trace)
+        traced_for = _jax.transformation_of(trace)
         if traced_for == "custom_jvp fun":
             raise custom_jvp_error(var, "read")
         if traced_for == "while_cond":
-            frame._while_reads.append((getattr(trace, "parent_trace", None), var))
+            frame._while_reads.append((_jax.enclosing_trace(trace), var))
 
 
 def check_nested_write(
     frame: Any, var: Any, operation: str, has_ref: bool, differentiating: bool
 ) -> None:
     traces = traces_below(frame)
-    differentiating = differentiating or any(
-        type(trace).__name__ in ("JVPTrace", "LinearizeTrace") for trace in traces
-    )
+    differentiating = differentiating or any(map(_jax.is_differentiating, traces))
     for trace in traces:
-        if is_vmap(trace):
+        if _jax.is_batching(trace):
             raise TraceContextError(
                 f"Cannot {operation} Variable '{var.name}' inside jax.vmap: a variable holds "
                 "one value, not one per batch element. Return the new values from the "
                 "vmapped function and assign (a reduction of) them outside it."
             )
-        traced_for = transformation_of(trace)
+        traced_for = _jax.transformation_of(trace)
         if traced_for == "custom_jvp fun":
             raise custom_jvp_error(var, operation)
         if (traced_for or "").startswith("custom_linear_solve"):
@@ -110,7 +94,7 @@ def check_nested_write(
                 "the checkpointed function (it may still read variables)."
             )
         if traced_for == "while_body" and has_ref:
-            parent = getattr(trace, "parent_trace", None)
+            parent = _jax.enclosing_trace(trace)
             if any(p is parent and v is var for p, v in frame._while_reads):
                 raise TraceContextError(
                     f"Cannot {operation} Variable '{var.name}' in the body of a "

@@ -37,9 +37,8 @@ from typing import Any, Protocol, TypeVar, cast
 
 import jax
 from jax import lax
-from jax.extend.core import find_top_trace, get_opaque_trace_state, set_current_trace
 
-from . import _nesting
+from . import _jax, _nesting
 from ._errors import TraceContextError
 from ._state import STATE
 
@@ -121,27 +120,6 @@ def _generation() -> _Generation:
     return generation
 
 
-# The Python functions through which JAX traces a function to a jaxpr, caching the trace by
-# that function: ``trace_to_jaxpr`` in JAX 0.10, the ``trace_to_jaxpr_nocache`` its cache
-# wraps in JAX 0.11.
-_TRACING_CODE_NAMES = frozenset({"trace_to_jaxpr", "trace_to_jaxpr_nocache"})
-
-
-def _traced_functions(frame: Frame) -> list[Any]:
-    """The functions JAX is tracing (its ``trace_to_jaxpr`` calls, whose traces it caches
-    by function) between this Python frame and the one that entered ``frame``."""
-    functions = []
-    python_frame = sys._getframe(1)
-    while python_frame is not None and python_frame is not frame._python_frame:
-        code = python_frame.f_code
-        if code.co_name in _TRACING_CODE_NAMES and "jax" in code.co_filename:
-            function = python_frame.f_locals.get("fun")
-            if function is not None:
-                functions.append(function)
-        python_frame = python_frame.f_back
-    return functions
-
-
 class Frame:
     """Values of the variables one transformation has lifted, while it traces.
 
@@ -191,8 +169,8 @@ class Frame:
     def __enter__(self) -> Frame:
         self._python_frame = sys._getframe(1)
         self._enter_generation()
-        self._state = get_opaque_trace_state()
-        self._trace = find_top_trace(())
+        self._state = _jax.trace_state()
+        self._trace = _jax.current_trace()
         _stack().append(self)
         STATE.enter_trace_frame()
         return self
@@ -268,20 +246,20 @@ def read(var: Lifted) -> Any | None:
                 level = _nesting.read_level(frame)
                 if level is None:
                     return ref[...]
-                with set_current_trace(level):
+                with _jax.tracing_at(level):
                     return ref[...]
         value = frame.values.get(var)
         if value is not None:
             if var not in frame.written:
                 frame.given_read[var] = None
-            if get_opaque_trace_state() != frame._state:
+            if _jax.trace_state() != frame._state:
                 _note_nested_read(frame, var)
             return value
     for frame in stack:
         if frame.kind == "jit":
             frame.unlifted[var] = None
             break
-    if get_opaque_trace_state() != stack[-1]._state:
+    if _jax.trace_state() != stack[-1]._state:
         # Read as its concrete value by a function JAX traces under the frames (and caches,
         # with that value): traced again once the value may have changed.
         _record_closure(stack[0], _nesting.traces_below(stack[0]))
@@ -334,7 +312,7 @@ def write(var: Lifted, value: Any, operation: str) -> None:
             "variable. Add it to the target (its new value is then returned)."
         )
     frame = stack[-1]
-    if get_opaque_trace_state() == frame._state:
+    if _jax.trace_state() == frame._state:
         if frame.kind == "grad":
             value = lax.stop_gradient(value)
         frame.values[var] = value
@@ -385,7 +363,7 @@ def _lift_into_ref(stack: list[Frame], var: Lifted, operation: str) -> bool:
     Raises:
       TraceContextError: if the write is under a transformation that cannot carry it out.
     """
-    if get_opaque_trace_state() == stack[-1]._state:
+    if _jax.trace_state() == stack[-1]._state:
         return False  # at the innermost frame's own level: a plain value
     scope = stack[_innermost_stateless(stack) :]
     owner = scope[0]
@@ -404,7 +382,7 @@ def _lift_into_ref(stack: list[Frame], var: Lifted, operation: str) -> bool:
         return False
     if var not in owner.written:
         owner.given_read[var] = None
-    with set_current_trace(owner._trace):
+    with _jax.tracing_at(owner._trace):
         owner.refs[var] = jax.new_ref(owner.values.pop(var))
     owner.lifted_refs[var] = None
     return True
@@ -416,9 +394,9 @@ def _note_nested_read(frame: Frame, var: Lifted) -> None:
     `_nesting.check_nested_write`), and as a closure JAX may cache (see `_note_closure`)."""
     traces = _nesting.traces_below(frame)
     for trace in traces:
-        traced_for = _nesting.transformation_of(trace)
+        traced_for = _jax.transformation_of(trace)
         if traced_for == "while_cond":
-            frame._while_reads.append((getattr(trace, "parent_trace", None), var))
+            frame._while_reads.append((_jax.enclosing_trace(trace), var))
         if traced_for is not None and traced_for not in _nesting.RUN_ONCE:
             frame._loop_reads.setdefault(var, set()).add(id(trace))
     _record_closure(frame, traces)
@@ -493,15 +471,15 @@ def _note_closure(frame: Frame) -> None:
     """Records the functions JAX is tracing, nested between the current trace and
     ``frame``'s, as closing over ``frame``'s value (see `_frame_context`). Differentiation
     and batching traces are not cached."""
-    if get_opaque_trace_state() != frame._state:
+    if _jax.trace_state() != frame._state:
         _record_closure(frame, _nesting.traces_below(frame))
 
 
 def _record_closure(frame: Frame, traces: list[Any]) -> None:
-    cached = sum(map(_nesting.is_cached_kind, traces))
+    cached = sum(map(_jax.is_cached_kind, traces))
     active = _stack()[-1]._generation  # the context value JAX keyed those traces on
     if cached and active is not None:
-        active.record(_traced_functions(frame), cached)
+        active.record(_jax.traced_functions(frame._python_frame), cached)
 
 
 def _differentiating() -> bool:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import jax
-import jax.extend.core
 
 from . import _creation, _indexing, _placement, _trace, _update, _updating
 from ._errors import TraceContextError
@@ -89,7 +88,7 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                 # JAX interns abstract values: equal ones are one object (any other equal
                 # pair takes the general path, which compares them)
                 and value.aval is self._hot_avals[slot]  # type: ignore[union-attr]
-                and not value._committed  # type: ignore[union-attr]
+                and not value.committed  # type: ignore[union-attr]
                 # not a new compile epoch, no trace frame open, placements not logged
                 and self._hot_epoch == STATE.hot_epoch
                 # not in a signal handler that interrupted a donation (see `_run_kernel`)

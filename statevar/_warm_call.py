@@ -164,8 +164,8 @@ _NAMESPACE = {
     "_isinstance": isinstance,
     "_any": any,
     "_getattr": getattr,
-    # `getattr(argument, "_committed", False)` for each argument, by `map` (in C).
-    "_COMMITTED": itertools.repeat("_committed"),
+    # `getattr(argument, "committed", False)` for each argument, by `map` (in C).
+    "_COMMITTED": itertools.repeat("committed"),
     "_NOT_COMMITTED": itertools.repeat(False),
     "Tracer": Tracer,
 }

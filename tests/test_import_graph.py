@@ -97,3 +97,86 @@ def test_importing_statevar_leaves_jax_unconfigured():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == "3"
+
+
+# ------------------------------------------------------------ one boundary with JAX's internals
+
+BOUNDARY = "_jax.py"
+# Modules of JAX that are private or unstable (`jax.core.Tracer` alone is public), and what
+# reading JAX's Python frames or private fields of its objects looks like.
+_INTERNAL_MODULES = ("jax.core", "jax.extend", "jax._src", "jax.interpreters", "jaxlib")
+_INTERNAL_NAMES = {"f_locals", "parent_trace", "traced_for", "debug_info", "_committed"}
+
+
+def _is_internal_module(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in _INTERNAL_MODULES)
+
+
+def _uses_of_jax_internals(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> list[str]:
+    """Each import of JAX's private or unstable modules in ``path``, and each read of a
+    private field of a JAX object or of a Python frame's locals, by attribute or by name in
+    ``getattr``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            found += [
+                f"{where} imports {a.name}" for a in node.names if _is_internal_module(a.name)
+            ]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = {a.name for a in node.names}
+            if node.module == "jax.core" and names <= {"Tracer"}:
+                continue  # public
+            if _is_internal_module(node.module) or (
+                node.module == "jax" and names & {"core", "extend", "interpreters"}
+            ):
+                found.append(f"{where} imports from {node.module}")
+        elif isinstance(node, ast.Attribute) and node.attr in _INTERNAL_NAMES:
+            found.append(f"{where} reads .{node.attr}")
+        elif isinstance(node, ast.Attribute) and ast.unparse(node).endswith(".jaxpr.jaxpr"):
+            found.append(f"{where} reads .jaxpr.jaxpr")  # kept in jax 0.12 for compatibility
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value in _INTERNAL_NAMES
+        ):
+            found.append(f"{where} names {node.value!r}")  # getattr(x, "name") and the like
+    return found
+
+
+def test_only_the_boundary_module_reaches_into_jax_internals():
+    modules = sorted(p for p in PACKAGE.rglob("*.py") if p.name != BOUNDARY)
+    assert len(modules) > 30  # subpackages included
+    assert [use for path in modules for use in _uses_of_jax_internals(path)] == []
+
+
+def test_the_boundary_scan_finds_each_kind_of_use(tmp_path):
+    # The scan above can fail: each form it looks for is found.
+    path = tmp_path / "probe.py"
+    path.write_text(
+        "import jax.extend.core\n"
+        "from jax._src import core\n"
+        "from jax import interpreters\n"
+        "from jax.core import Tracer, get_aval\n"
+        "a = frame.f_locals\n"
+        "b = getattr(array, '_committed', False)\n"
+        "c = trace.parent_trace\n"
+        "d = traced.jaxpr.jaxpr\n"
+    )
+    uses = sorted(use.split(" ", 1)[1] for use in _uses_of_jax_internals(path, tmp_path))
+    assert uses == sorted(
+        [
+            "imports jax.extend.core",
+            "imports from jax._src",
+            "imports from jax",
+            "imports from jax.core",
+            "reads .f_locals",
+            "names '_committed'",
+            "reads .parent_trace",
+            "reads .jaxpr.jaxpr",
+        ]
+    )
+
+
+def test_the_boundary_module_uses_what_it_says():
+    assert _uses_of_jax_internals(PACKAGE / BOUNDARY)  # the boundary is where they are

@@ -216,6 +216,31 @@ def test_an_eager_gradient_through_a_cached_function_reads_each_calls_values():
     assert [float(a) for a in value_and_grad()] == [60.0, 20.0]
 
 
+def test_a_renamed_jax_tracing_function_costs_speed_not_correctness(monkeypatch):
+    # statevar finds the functions JAX caches traces of by the names of JAX's tracing
+    # functions (statevar/_jax.py). Should a JAX release rename them, every closure counts as
+    # unknown and alive: each call traces again, and still reads each call's values.
+    from statevar import _jax
+
+    monkeypatch.setattr(_jax, "TRACING_FUNCTION_NAMES", frozenset({"renamed_in_a_new_jax"}))
+    _w.assign(2.0)
+    _h.assign(1.0)
+    value_and_grad = statevar.value_and_grad(_cond_tenfold, _w)
+    assert [float(a) for a in value_and_grad()] == [20.0, 10.0]
+    _w.assign(3.0)
+    assert [float(a) for a in value_and_grad()] == [30.0, 10.0]
+    _h.assign(2.0)
+    assert [float(a) for a in value_and_grad()] == [60.0, 20.0]
+
+    @statevar.jit
+    def step():
+        _h.assign(_h.value + 1.0)
+        return statevar.grad(_cond_tenfold, _w)(), _cond_tenfold()
+
+    assert [float(a) for a in step()] == [30.0, 90.0]
+    assert [float(a) for a in step()] == [40.0, 120.0]
+
+
 def test_stateless_calls_through_a_cached_function_read_their_own_values():
     _h.assign(1.0)
     first = statevar.stateless_call(_cond_tenfold, _w, 1.0)[0]
