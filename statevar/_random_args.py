@@ -131,9 +131,12 @@ def os_key_data(impl: str | None) -> np.ndarray:
     return np.frombuffer(os.urandom(4 * size), dtype=np.uint32).reshape(shape).copy()
 
 
-def key_data(value: Any, impl: str, shape: tuple[int, ...], where: str) -> jax.Array:
+def key_data(
+    value: Any, impl: str, shape: tuple[int, ...], where: str, seed_method: str
+) -> jax.Array:
     """Returns the raw key data of ``value`` (a typed key, or raw ``uint32`` key data) for a
-    generator of ``impl`` whose state has ``shape``.
+    generator of ``impl`` whose state has ``shape``. An integer is refused with a pointer to
+    ``seed_method``, which takes seeds.
 
     Raises:
       TypeError: if ``value`` is neither a typed key nor a ``uint32`` array.
@@ -151,6 +154,7 @@ def key_data(value: Any, impl: str, shape: tuple[int, ...], where: str) -> jax.A
         raise TypeError(
             f"Expected {where} to be given a typed key or its raw uint32 data "
             f"(jax.random.key_data), got {describe(value)}"
+            + (f": for a seed, use {seed_method}(seed)" if isinstance(value, int) else "")
         )
     if value.shape != shape:
         raise ValueError(

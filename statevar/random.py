@@ -163,10 +163,11 @@ class Generator(Module):
           True
         """
         where = "statevar.random.Generator.from_key"
-        if not args.is_key(key) and isinstance(key, (jax.Array, np.ndarray)):
+        if not args.is_key(key):
             example = jax.random.key(0, impl=args.checked_impl(impl, where))
             impl = str(jax.random.key_impl(example))
-            data = args.key_data(key, impl, jax.random.key_data(example).shape, where)
+            shape = jax.random.key_data(example).shape
+            data = args.key_data(key, impl, shape, where, "from_seed")
             key = jax.random.wrap_key_data(data, impl=impl)
         return cls(args.initial_key(key, impl, where), name=name)
 
@@ -224,7 +225,9 @@ class Generator(Module):
           >>> bool((gen.normal((3,)) == first).all())
           True
         """
-        data = args.key_data(state, self._impl, self.state.shape, self._where("reset"))
+        data = args.key_data(
+            state, self._impl, self.state.shape, self._where("reset"), "reset_from_seed"
+        )
         self._update(lambda _: (data, None), "reset")
 
     def reset_from_seed(self, seed: int | jax.Array) -> None:

@@ -479,7 +479,12 @@ BAD_CALLS = [
     (lambda g: g.reset_from_seed(-1), ValueError, r"seed of .*'state'.reset_from_seed .* got -1"),
     (lambda g: g.reset_from_seed(2.0), TypeError, r"'state'.reset_from_seed to be an integer"),
     (lambda g: g.reset_from_seed(jax.random.key(0)), TypeError, r"typed key: use .reset\(key\)"),
-    (lambda g: g.reset(7), TypeError, r"'state'.reset to be given a typed key or its raw uint32"),
+    (
+        lambda g: g.reset(7),
+        TypeError,
+        r"'state'.reset to be given a typed key or its raw uint32 .* int 7: for a seed, use "
+        r"reset_from_seed\(seed\)",
+    ),
     (lambda g: g.reset(np.zeros(2, np.int32)), TypeError, r"got an array of dtype int32"),
     (lambda g: g.reset(np.zeros(4, np.uint32)), ValueError, r"data of shape \(2,\) .* \(4,\)"),
     (
@@ -525,3 +530,280 @@ def test_threads_drawing_at_once_never_share_a_key():
     expected = {tuple(as_numbers(sequential.key()).tolist()) for _ in range(40)}
     assert {key for out in drawn for key in out} == expected
     np.testing.assert_array_equal(key_data(gen), key_data(sequential))
+
+
+def draws(gen, n=3):
+    return [np.asarray(gen.normal((4,))) for _ in range(n)]
+
+
+def test_the_constructors_give_the_streams_tensorflow_names():
+    np.testing.assert_array_equal(draws(Generator.from_seed(3)), draws(Generator(seed=3)))
+    key = jax.random.split(jax.random.key(4))[1]
+    np.testing.assert_array_equal(draws(Generator.from_key(key)), draws(Generator(key)))
+    raw = jax.random.key_data(key)
+    np.testing.assert_array_equal(draws(Generator.from_key(raw)), draws(Generator(key)))
+    np.testing.assert_array_equal(draws(Generator.from_key(np.asarray(raw))), draws(Generator(key)))
+
+    rbg = Generator.from_seed(3, "rbg", name="rbg_state")
+    assert rbg.impl == "rbg" and rbg.state.shape == (4,) and rbg.state.name == "rbg_state"
+    np.testing.assert_array_equal(draws(rbg), draws(Generator(jax.random.key(3, impl="rbg"))))
+    rbg_data = jax.random.key_data(jax.random.key(5, impl="rbg"))
+    from_data = Generator.from_key(rbg_data, impl="rbg")
+    np.testing.assert_array_equal(draws(from_data), draws(Generator(jax.random.key(5, impl="rbg"))))
+    assert Generator.from_seed(np.uint32(3)).impl == "threefry2x32"
+    np.testing.assert_array_equal(draws(Generator(jnp.array(3))), draws(Generator(3)))
+
+
+def test_from_non_deterministic_state_seeds_from_the_operating_system():
+    first, second = (
+        Generator.from_non_deterministic_state(),
+        Generator.from_non_deterministic_state(),
+    )
+    assert first.state.dtype == jnp.uint32 and first.state.shape == (2,)
+    assert not np.array_equal(key_data(first), key_data(second))
+    assert not np.array_equal(first.normal((4,)), second.normal((4,)))
+    rbg = Generator.from_non_deterministic_state("rbg", name="os")
+    assert rbg.impl == "rbg" and rbg.state.shape == (4,) and rbg.state.name == "os"
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: Generator.from_seed(-1), ValueError, r"seed of .*from_seed .* got -1"),
+        (lambda: Generator.from_seed(jax.random.key(0)), TypeError, r"use .*from_key\(key\)"),
+        (lambda: Generator.from_seed(0, "nope"), ValueError, r"from_seed: .*\"nope\""),
+        (lambda: Generator.from_seed(0, 3), TypeError, r"impl given to .*from_seed to be the"),
+        (
+            lambda: Generator.from_key(3),
+            TypeError,
+            r"from_key to be given a typed key .* got int 3: for a seed, use from_seed\(seed\)",
+        ),
+        (
+            lambda: Generator.from_key(np.zeros(2, np.int32)),
+            TypeError,
+            r"from_key to be given a typed key or its raw uint32 data .* dtype int32",
+        ),
+        (
+            lambda: Generator.from_key(np.zeros(3, np.uint32)),
+            ValueError,
+            r"from_key to be given key data of shape \(2,\) \(implementation 'threefry2x32'\), "
+            r"got shape \(3,\)",
+        ),
+        (
+            lambda: Generator.from_key(jax.random.key(0), impl="rbg"),
+            ValueError,
+            r"implementation 'rbg' for .*from_key, got a key of implementation 'threefry2x32'",
+        ),
+        (
+            lambda: Generator.from_key(jax.random.split(jax.random.key(0))),
+            ValueError,
+            r"one key, got keys of shape \(2,\)",
+        ),
+        (
+            lambda: Generator.from_non_deterministic_state("nope"),
+            ValueError,
+            r"from_non_deterministic_state: unrecognized PRNG implementation",
+        ),
+    ],
+)
+def test_bad_constructor_arguments_are_named(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_reset_reset_from_seed_and_skip_move_the_stream_in_place():
+    gen = Generator(seed=0)
+    state = gen.state
+    saved = gen.state.value
+    first = draws(gen)
+    gen.reset(saved)
+    np.testing.assert_array_equal(draws(gen), first)
+    np.testing.assert_array_equal(np.asarray(saved), key_data(Generator(seed=0)))  # still valid
+    gen.reset(jax.random.key(9))
+    np.testing.assert_array_equal(draws(gen), draws(Generator(9)))
+    gen.reset_from_seed(11)
+    np.testing.assert_array_equal(draws(gen), draws(Generator(11)))
+    gen.reset_from_seed(jnp.array(11))
+    np.testing.assert_array_equal(draws(gen), draws(Generator(11)))
+
+    other = Generator(seed=12)
+    other.normal((2,))
+    other.key()
+    other.uniform((3,))
+    gen.reset_from_seed(12)
+    gen.skip(3)
+    np.testing.assert_array_equal(draws(gen), draws(other))
+    gen.skip(0)
+    gen.skip(np.int64(2))
+    other.key(), other.key()
+    np.testing.assert_array_equal(draws(gen), draws(other))
+    assert gen.state is state  # in place: the same variable throughout
+
+
+def test_reset_from_seed_keeps_the_generators_implementation():
+    rbg = Generator(jax.random.key(0, impl="rbg"))
+    rbg.reset_from_seed(5)
+    np.testing.assert_array_equal(draws(rbg), draws(Generator(jax.random.key(5, impl="rbg"))))
+
+
+def test_a_compiled_step_holding_the_generator_sees_reset_reset_from_seed_and_skip():
+    gen = Generator(seed=0)
+    traces = []
+
+    @statevar.jit
+    def step(x):
+        traces.append(None)
+        return x + gen.normal((4,))
+
+    zeros = jnp.zeros(4)
+    saved = gen.state.value
+    first = step(zeros)
+    gen.reset(saved)
+    np.testing.assert_array_equal(step(zeros), first)
+    gen.reset_from_seed(5)
+    np.testing.assert_array_equal(step(zeros), Generator(5).normal((4,)))
+    gen.reset_from_seed(5)
+    gen.skip(2)
+    expected = Generator(5)
+    expected.skip(2)
+    np.testing.assert_array_equal(step(zeros), expected.normal((4,)))
+    assert len(traces) == 1
+
+
+def test_reset_and_skip_inside_a_compiled_step_take_traced_arguments():
+    gen = Generator(seed=0)
+
+    @statevar.jit
+    def restart(seed, n):
+        gen.reset_from_seed(seed)
+        gen.skip(n)
+        return gen.normal((4,))
+
+    expected = Generator(7)
+    expected.skip(3)
+    np.testing.assert_array_equal(restart(jnp.array(7), jnp.array(3)), expected.normal((4,)))
+    np.testing.assert_array_equal(key_data(gen), key_data(expected))
+
+    @statevar.jit
+    def back(data):
+        gen.reset(data)
+        return gen.normal((4,))
+
+    np.testing.assert_array_equal(back(key_data(Generator(2))), Generator(2).normal((4,)))
+
+
+def test_reset_under_plain_jax_jit_is_refused_with_the_way_out():
+    gen = Generator(seed=0)
+    before = key_data(gen)
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"(?s)Cannot reset statevar.random.Generator 'state' here, since to reset it "
+        r"assigns its key.*inside jax.jit",
+    ):
+        jax.jit(lambda: gen.reset_from_seed(1))()
+    with pytest.raises(statevar.TraceContextError, match=r"Cannot advance .* to advance it"):
+        jax.jit(lambda: gen.skip(1))()
+    np.testing.assert_array_equal(key_data(gen), before)
+
+
+def test_split_returns_generators_with_streams_of_their_own():
+    gen, reference = Generator(seed=3), Generator(seed=3)
+    children = gen.split(3)
+    keys = reference.split_keys(3)
+
+    assert [type(child) for child in children] == [Generator] * 3
+    np.testing.assert_array_equal(key_data(gen), key_data(reference))  # advanced once
+    for child, key in zip(children, keys, strict=True):
+        np.testing.assert_array_equal(draws(child), draws(Generator(key)))
+    streams = [tuple(np.concatenate(draws(g)).tolist()) for g in (*children, gen)]
+    assert len(set(streams)) == 4
+    assert gen.split() and len(gen.split()) == 1
+    assert gen.split(0) == []
+    assert [child.impl for child in Generator(jax.random.key(0, impl="rbg")).split(2)] == [
+        "rbg"
+    ] * 2
+
+
+def test_split_places_the_new_generators_as_new_variables_are():
+    gen = Generator(seed=3)
+    with statevar.device("cpu:2"):
+        children = gen.split(2)
+    assert [child.state.value.devices() for child in children] == [{jax.devices()[2]}] * 2
+    assert gen.state.value.devices() == {jax.devices()[0]}
+
+
+def test_split_inside_a_compiled_step_is_refused_and_leaves_the_key():
+    gen = Generator(seed=3)
+    before = key_data(gen)
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot split statevar.random.Generator 'state' inside a compiled step.*"
+        r"\.split_keys\(n\)",
+    ):
+        statevar.jit(lambda: gen.split(2)[0].normal())()
+    np.testing.assert_array_equal(key_data(gen), before)
+
+
+def test_the_draws_follow_tensorflows_definitions():
+    gen = Generator(seed=10)
+    normal = np.asarray(gen.normal((20000,), mean=3.0, stddev=2.0))
+    assert abs(normal.mean() - 3.0) < 0.05 and abs(normal.std() - 2.0) < 0.05
+    columns = np.asarray(gen.normal((5000, 2), mean=jnp.array([-10.0, 10.0]), stddev=0.1))
+    np.testing.assert_allclose(columns.mean(axis=0), [-10.0, 10.0], atol=0.01)
+
+    truncated = np.asarray(gen.truncated_normal((20000,), mean=1.0, stddev=0.5))
+    assert truncated.min() >= 0.0 and truncated.max() <= 2.0
+    assert truncated.min() < 0.05 and truncated.max() > 1.95
+
+    floats = np.asarray(gen.uniform((1000,)))
+    assert floats.min() >= 0.0 and floats.max() < 1.0  # maxval None means 1
+    integers = np.asarray(gen.uniform((1000,), minval=-3, maxval=4, dtype=jnp.int32))
+    assert integers.dtype == np.int32 and set(integers.tolist()) == set(range(-3, 4))
+
+    full = np.asarray(gen.uniform_full_int((4000,), jnp.int8))
+    assert full.min() == -128 and full.max() == 127
+    unsigned = np.asarray(gen.uniform_full_int((4000,), jnp.uint8))
+    assert unsigned.min() == 0 and unsigned.max() == 255
+
+    successes = np.asarray(gen.binomial((20000,), counts=10, probs=0.3))
+    assert successes.dtype == np.int32 and successes.min() >= 0 and successes.max() <= 10
+    assert abs(successes.mean() - 3.0) < 0.05
+    assert not gen.binomial((10,), counts=jnp.zeros(10), probs=0.5).any()
+
+
+def test_the_global_generator_is_made_once_from_the_os_unless_set(monkeypatch):
+    monkeypatch.setattr(statevar.random, "_global", None)
+    first = statevar.random.get_global_generator()
+    assert statevar.random.get_global_generator() is first
+    assert isinstance(first, Generator)
+    monkeypatch.setattr(statevar.random, "_global", None)
+    assert not np.array_equal(key_data(statevar.random.get_global_generator()), key_data(first))
+
+    mine = Generator(seed=42)
+    statevar.random.set_global_generator(mine)
+    assert statevar.random.get_global_generator() is mine
+    np.testing.assert_array_equal(
+        statevar.random.get_global_generator().normal((3,)), Generator(42).normal((3,))
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"set_global_generator to be given a statevar.random.Generator, got int 42",
+    ):
+        statevar.random.set_global_generator(42)
+    assert statevar.random.get_global_generator() is mine
+
+
+def test_a_restored_generator_continues_its_stream_after_split_reset_and_skip(tmp_path):
+    gen = Generator(seed=5)
+    gen.split(2)
+    gen.reset_from_seed(6)
+    gen.skip(4)
+    gen.binomial((3,), 5, 0.5)
+    statevar.save(tmp_path / "rng", {"rng": gen})
+    expected = [gen.truncated_normal((3,)), gen.uniform((3,), 0, 9, jnp.int32)]
+
+    resumed = Generator.from_non_deterministic_state()
+    statevar.restore(tmp_path / "rng", {"rng": resumed})
+    got = [resumed.truncated_normal((3,)), resumed.uniform((3,), 0, 9, jnp.int32)]
+    for value, want in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(value, want)
