@@ -123,12 +123,12 @@ def check_impl(key: jax.Array, impl: str | None, where: str) -> None:
         )
 
 
-def os_key_data(impl: str | None) -> np.ndarray:
+def os_key_data(impl: str | None) -> jax.Array:
     """Key data of ``impl`` (JAX's default when None) read from the operating system's
     source of randomness, as much as the key holds."""
     shape = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl))).shape
     size = int(np.prod(shape))
-    return np.frombuffer(os.urandom(4 * size), dtype=np.uint32).reshape(shape).copy()
+    return jnp.asarray(np.frombuffer(os.urandom(4 * size), dtype=np.uint32).reshape(shape))
 
 
 def key_data(
@@ -176,8 +176,12 @@ def count(
     """
     integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
     if not integer:
-        array = arrays and isinstance(value, (jax.Array, np.ndarray))
-        if not (array and value.shape == () and jnp.issubdtype(value.dtype, jnp.integer)):
+        if not (
+            arrays
+            and isinstance(value, (jax.Array, np.ndarray))
+            and value.shape == ()
+            and jnp.issubdtype(value.dtype, jnp.integer)
+        ):
             raise TypeError(
                 f"Expected {where} to be given an integer {what}, got {describe(value)}"
             )
@@ -268,6 +272,8 @@ def operand(value: Any, name: str, where: str, shape: tuple[int, ...] | None, ki
             f"Expected {name} given to {where} to broadcast to the shape {shape}, got shape "
             f"{value_shape}"
         )
+    if isinstance(value, int) and kind != "integer":
+        return float(value)  # within a float's range, where it might not be within int32's
     return np.asarray(value) if isinstance(value, (list, tuple)) else value
 
 
@@ -276,6 +282,18 @@ def _broadcasts(value_shape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[i
         return tuple(np.broadcast_shapes(value_shape, shape))
     except ValueError:
         return None
+
+
+def check_bounds(value: Any, name: str, where: str, dtype: np.dtype) -> None:
+    """Raises a ValueError if concrete integer ``value`` has values that ``dtype`` cannot
+    hold (JAX would clip them, or refuse a Python integer with an OverflowError)."""
+    values = concrete(value)
+    info = np.iinfo(dtype)
+    if values is not None and not np.all((values >= info.min) & (values <= info.max)):
+        raise ValueError(
+            f"Expected {name} given to {where} to be within the range of {dtype}, "
+            f"[{info.min}, {info.max}], got {values if values.size <= 8 else 'values outside it'}"
+        )
 
 
 def concrete(value: Any) -> np.ndarray | None:

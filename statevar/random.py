@@ -494,7 +494,8 @@ class Generator(Module):
           TypeError: if ``shape`` is not integers, ``dtype`` neither floating nor integer,
             or a bound not a real number (an integer, for an integer dtype).
           ValueError: if ``shape`` has a negative dimension, an integer dtype has no
-            ``maxval``, or concrete integer bounds have ``minval >= maxval``.
+            ``maxval``, or concrete integer bounds are outside the dtype's range or have
+            ``minval >= maxval``.
           ShapeMismatchError: if a bound does not broadcast to ``shape``.
           TraceContextError: where the generator's key cannot be assigned (see `Generator`).
 
@@ -522,6 +523,9 @@ class Generator(Module):
                 )
             maxval = 1.0
         maxval = args.operand(maxval, "maxval", where, shape, kind)
+        if integer:
+            args.check_bounds(minval, "minval", where, dtype)
+            args.check_bounds(maxval, "maxval", where, dtype)
         low, high = args.concrete(minval), args.concrete(maxval)
         if integer and low is not None and high is not None and not np.all(low < high):
             raise ValueError(

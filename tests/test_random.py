@@ -443,6 +443,14 @@ BAD_CALLS = [
         ValueError,
         r"minval < maxval for .*'state'.uniform .* got minval 3 and maxval 3",
     ),
+    (
+        lambda g: g.uniform((2,), 0, 2**40, jnp.int32),
+        ValueError,
+        r"maxval given to .*'state'.uniform to be within the range of int32, "
+        r"\[-2147483648, 2147483647\], got 1099511627776",
+    ),
+    (lambda g: g.uniform((2,), -1, 3, jnp.uint8), ValueError, r"minval .* range of uint8"),
+    (lambda g: g.uniform((2,), 0, np.array([9, 300]), jnp.uint8), ValueError, r"got \[  9 300\]"),
     (lambda g: g.uniform((2,), 1j), TypeError, r"minval .* a real number or a real array"),
     (lambda g: g.uniform((2,), maxval="1"), TypeError, r"maxval .* real array, got str"),
     (lambda g: g.normal((2,), stddev=True), TypeError, r"stddev .* got bool True"),
@@ -769,6 +777,9 @@ def test_the_draws_follow_tensorflows_definitions():
     assert successes.dtype == np.int32 and successes.min() >= 0 and successes.max() <= 10
     assert abs(successes.mean() - 3.0) < 0.05
     assert not gen.binomial((10,), counts=jnp.zeros(10), probs=0.5).any()
+    # Python integers beyond int32 are taken as floats where the draw is floating.
+    assert gen.normal((2,), mean=2**70).dtype == jnp.float32
+    assert (gen.binomial((2,), counts=2**40, probs=0.0) == 0).all()
 
 
 def test_the_global_generator_is_made_once_from_the_os_unless_set(monkeypatch):
