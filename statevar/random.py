@@ -284,7 +284,7 @@ class Generator(Module):
         where = self._where("skip")
         steps = args.count(n, where, "number of draws", limit=args.SKIP_LIMIT, arrays=True)
         steps = jnp.asarray(steps, jnp.int32)
-        self._update(lambda data: (args.skip(data, self._impl, steps), None), "advance")
+        self._update(lambda data: (args.skip(data, self._impl, steps), None), "skip")
 
     def key(self) -> jax.Array:
         """Returns a new typed PRNG key (as `jax.random.key` makes), advancing the generator.
@@ -707,13 +707,21 @@ class Generator(Module):
         return result
 
     def _cannot(self, action: str, error: TraceContextError) -> TraceContextError:
-        """The error for an assignment of the key refused by ``error``, with the way out."""
-        what = "a draw assigns" if action == "draw from" else f"to {action} it assigns"
+        """The error for an assignment of the key refused by ``error``, with the way out:
+        ``action`` is "draw from", "reset" or "skip"."""
+        if action == "draw from":
+            what, way_out = (
+                "a draw",
+                (
+                    "To draw there, take keys outside with .key() (or .split_keys(n), one per "
+                    "element for jax.vmap), pass them in, and draw with jax.random inside."
+                ),
+            )
+        else:
+            what, way_out = f"a {action}", f"{action.capitalize()} it outside, or in statevar.jit."
         return TraceContextError(
             f"Cannot {action} statevar.random.Generator '{self.state.name}' here, since "
-            f"{what} its key. {error} To draw there, take keys outside with .key() (or "
-            ".split_keys(n), one per element for jax.vmap), pass them in, and draw with "
-            "jax.random inside."
+            f"{what} assigns its key. {error} {way_out}"
         )
 
 
