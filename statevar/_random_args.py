@@ -164,6 +164,12 @@ def key_data(
     return jnp.asarray(value)
 
 
+def check_name(name: Any, where: str) -> None:
+    """Raises a TypeError unless ``name`` (TensorFlow's operation name) is a str or None."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"Expected the name given to {where} to be a str, got {describe(name)}")
+
+
 def count(
     value: Any, where: str, what: str, *, limit: int | None = None, arrays: bool = False
 ) -> Any:

@@ -351,7 +351,7 @@ class Generator(Module):
           count: how many Generators, a non-negative integer.
 
         Returns:
-          A list of ``count`` Generators of this one's class and implementation.
+          A list of ``count`` Generators of this one's implementation.
 
         Raises:
           TypeError: if ``count`` is not an integer.
@@ -369,7 +369,7 @@ class Generator(Module):
         return self._draw(number, self._children)
 
     def _children(self, keys: jax.Array) -> list[Generator]:
-        """New Generators of this one's class, one for each of ``keys``.
+        """New Generators, one for each of ``keys``.
 
         Raises:
           TraceContextError: if the keys are traced.
@@ -382,7 +382,7 @@ class Generator(Module):
                 "values. Split outside, or take keys with .split_keys(n) and draw with "
                 "jax.random."
             )
-        return [type(self)(key) for key in keys]
+        return [Generator(key) for key in keys]
 
     def normal(
         self,
@@ -390,6 +390,7 @@ class Generator(Module):
         mean: jax.typing.ArrayLike = 0.0,
         stddev: jax.typing.ArrayLike = 1.0,
         dtype: jax.typing.DTypeLike = float,
+        name: str | None = None,
     ) -> jax.Array:
         """Draws normal values, ``mean + stddev * z``, advancing the generator, as
         ``tf.random.Generator.normal``.
@@ -400,13 +401,14 @@ class Generator(Module):
           stddev: the standard deviation, likewise.
           dtype: a floating or complex dtype; by default JAX's default float (float32
             unless ``jax_enable_x64`` is on).
+          name: accepted, as TensorFlow's operation name; JAX names no operations.
 
         Returns:
           An array of ``shape`` and ``dtype``.
 
         Raises:
-          TypeError: if ``shape`` is not integers, ``mean`` or ``stddev`` not numbers, or
-            ``dtype`` not floating or complex.
+          TypeError: if ``shape`` is not integers, ``mean`` or ``stddev`` not numbers,
+            ``dtype`` not floating or complex, or ``name`` not a str.
           ValueError: if ``shape`` has a negative dimension.
           ShapeMismatchError: if ``mean`` or ``stddev`` does not broadcast to ``shape``.
           TraceContextError: where the generator's key cannot be assigned (see `Generator`).
@@ -418,6 +420,7 @@ class Generator(Module):
           >>> gen.normal((2, 3), mean=1.0, stddev=0.1, dtype=jnp.bfloat16).dtype
           dtype(bfloat16)
         """
+        args.check_name(name, self._where("normal"))
         return self._normal("normal", shape, mean, stddev, dtype, truncated=False)
 
     def truncated_normal(
@@ -426,6 +429,7 @@ class Generator(Module):
         mean: jax.typing.ArrayLike = 0.0,
         stddev: jax.typing.ArrayLike = 1.0,
         dtype: jax.typing.DTypeLike = float,
+        name: str | None = None,
     ) -> jax.Array:
         """Draws normal values within two standard deviations of the mean (redrawn beyond
         them), advancing the generator, as ``tf.random.Generator.truncated_normal``.
@@ -435,13 +439,14 @@ class Generator(Module):
           mean: the mean, a real number or an array that broadcasts to ``shape``.
           stddev: the standard deviation of the normal before truncation, likewise.
           dtype: a floating dtype; by default JAX's default float.
+          name: accepted, as TensorFlow's operation name; JAX names no operations.
 
         Returns:
           An array of ``shape`` and ``dtype``.
 
         Raises:
           TypeError: if ``shape`` is not integers, ``mean`` or ``stddev`` not real
-            numbers, or ``dtype`` not floating.
+            numbers, ``dtype`` not floating, or ``name`` not a str.
           ValueError: if ``shape`` has a negative dimension.
           ShapeMismatchError: if ``mean`` or ``stddev`` does not broadcast to ``shape``.
           TraceContextError: where the generator's key cannot be assigned (see `Generator`).
@@ -453,6 +458,7 @@ class Generator(Module):
           >>> bool((abs(values - 5.0) <= 2.0).all())
           True
         """
+        args.check_name(name, self._where("truncated_normal"))
         return self._normal("truncated_normal", shape, mean, stddev, dtype, truncated=True)
 
     def _normal(
@@ -475,6 +481,7 @@ class Generator(Module):
         minval: jax.typing.ArrayLike = 0,
         maxval: jax.typing.ArrayLike | None = None,
         dtype: jax.typing.DTypeLike = float,
+        name: str | None = None,
     ) -> jax.Array:
         """Draws values uniform in ``[minval, maxval)``, advancing the generator, as
         ``tf.random.Generator.uniform``.
@@ -486,13 +493,15 @@ class Generator(Module):
           maxval: the upper bound (excluded), likewise; None means 1 for a floating dtype,
             and an integer dtype needs it.
           dtype: a floating or integer dtype; by default JAX's default float.
+          name: accepted, as TensorFlow's operation name; JAX names no operations.
 
         Returns:
           An array of ``shape`` and ``dtype``.
 
         Raises:
           TypeError: if ``shape`` is not integers, ``dtype`` neither floating nor integer,
-            or a bound not a real number (an integer, for an integer dtype).
+            a bound not a real number (an integer, for an integer dtype), or ``name`` not
+            a str.
           ValueError: if ``shape`` has a negative dimension, an integer dtype has no
             ``maxval``, or concrete integer bounds are outside the dtype's range or have
             ``minval >= maxval``.
@@ -510,6 +519,7 @@ class Generator(Module):
           dtype('int32')
         """
         where = self._where("uniform")
+        args.check_name(name, where)
         shape = args.shape_of(shape, where)
         dtype = args.dtype_of(dtype, where, "a floating or integer", (jnp.floating, jnp.integer))
         integer = jnp.issubdtype(dtype, jnp.integer)
@@ -536,7 +546,10 @@ class Generator(Module):
         return self._draw(1, lambda keys: draw(keys[0], minval, maxval))
 
     def uniform_full_int(
-        self, shape: Shape = (), dtype: jax.typing.DTypeLike | None = None
+        self,
+        shape: Shape = (),
+        dtype: jax.typing.DTypeLike | None = None,
+        name: str | None = None,
     ) -> jax.Array:
         """Draws integers over the whole range of ``dtype``, advancing the generator, as
         ``tf.random.Generator.uniform_full_int``.
@@ -545,12 +558,14 @@ class Generator(Module):
           shape: the shape of the result: a sequence of non-negative integers, or one.
           dtype: an integer dtype; by default ``uint64`` as TensorFlow's, which is
             ``uint32`` unless ``jax_enable_x64`` is on.
+          name: accepted, as TensorFlow's operation name; JAX names no operations.
 
         Returns:
           An array of ``shape`` and ``dtype``.
 
         Raises:
-          TypeError: if ``shape`` is not integers or ``dtype`` is not an integer dtype.
+          TypeError: if ``shape`` is not integers, ``dtype`` not an integer dtype, or
+            ``name`` not a str.
           ValueError: if ``shape`` has a negative dimension.
           TraceContextError: where the generator's key cannot be assigned (see `Generator`).
 
@@ -562,6 +577,7 @@ class Generator(Module):
           dtype('int8')
         """
         where = self._where("uniform_full_int")
+        args.check_name(name, where)
         shape = args.shape_of(shape, where)
         dtype = args.dtype_of(
             jnp.uint64 if dtype is None else dtype, where, "an integer", (jnp.integer,)
@@ -575,6 +591,7 @@ class Generator(Module):
         counts: jax.typing.ArrayLike,
         probs: jax.typing.ArrayLike,
         dtype: jax.typing.DTypeLike = jnp.int32,
+        name: str | None = None,
     ) -> jax.Array:
         """Draws the number of successes in ``counts`` trials, each a success with
         probability ``probs``, advancing the generator, as ``tf.random.Generator.binomial``.
@@ -585,13 +602,14 @@ class Generator(Module):
             broadcasts to ``shape`` (checked where it is concrete).
           probs: the probability of success, between 0 and 1, likewise.
           dtype: an integer or floating dtype; int32 by default.
+          name: accepted, as TensorFlow's operation name; JAX names no operations.
 
         Returns:
           An array of ``shape`` and ``dtype``.
 
         Raises:
           TypeError: if ``shape`` is not integers, ``counts`` or ``probs`` not real
-            numbers, or ``dtype`` neither integer nor floating.
+            numbers, ``dtype`` neither integer nor floating, or ``name`` not a str.
           ValueError: if ``shape`` has a negative dimension, or concrete ``counts`` are
             negative or ``probs`` outside [0, 1].
           ShapeMismatchError: if ``counts`` or ``probs`` does not broadcast to ``shape``.
@@ -605,6 +623,7 @@ class Generator(Module):
           (dtype('int32'), True)
         """
         where = self._where("binomial")
+        args.check_name(name, where)
         shape = args.shape_of(shape, where)
         counts = args.operand(counts, "counts", where, shape, "real")
         probs = args.operand(probs, "probs", where, shape, "real")
