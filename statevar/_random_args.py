@@ -134,7 +134,8 @@ def os_key_data(impl: str | None) -> jax.Array:
 def key_data(
     value: Any, impl: str, shape: tuple[int, ...], where: str, seed_method: str
 ) -> jax.Array:
-    """Returns the raw key data of ``value`` (a typed key, or raw ``uint32`` key data) for a
+    """Returns the raw key data of ``value`` (a typed key, or raw ``uint32`` key data, or a
+    Variable holding either) for a
     generator of ``impl`` whose state has ``shape``. An integer is refused with a pointer to
     ``seed_method``, which takes seeds.
 
@@ -143,6 +144,8 @@ def key_data(
       ValueError: if it is a key of another implementation, several keys, or data of
         another shape.
     """
+    if hasattr(value, "__jax_array__") and not isinstance(value, jax.Array):
+        value = jnp.asarray(value)  # a Variable: its value
     if is_key(value):
         if value.shape != ():
             raise ValueError(

@@ -143,8 +143,7 @@ class Generator(Module):
 
         Args:
           key: a typed key (`jax.random.key`, one of the keys `jax.random.split` gives), or
-            its raw ``uint32`` data (`jax.random.key_data`, another generator's
-            ``state.value``).
+            its raw ``uint32`` data (`jax.random.key_data`, another generator's ``state``).
           impl: the PRNG implementation of raw data; by default JAX's default one. A typed
             key carries its own (``impl``, if given, must be it).
           name: the name of the key variable (see `Generator`).
@@ -208,7 +207,8 @@ class Generator(Module):
 
         Args:
           state: a typed key of this generator's implementation, or raw ``uint32`` key data
-            of the shape of `state` (a ``gen.state.value`` read earlier).
+            of the shape of `state` (a ``gen.state.value`` read earlier, or another
+            generator's ``state``).
 
         Raises:
           TypeError: if ``state`` is neither a typed key nor a ``uint32`` array.

@@ -641,6 +641,10 @@ def test_reset_reset_from_seed_and_skip_move_the_stream_in_place():
     np.testing.assert_array_equal(draws(gen), draws(Generator(9)))
     gen.reset_from_seed(11)
     np.testing.assert_array_equal(draws(gen), draws(Generator(11)))
+    source = Generator(13)
+    gen.reset(source.state)
+    np.testing.assert_array_equal(draws(gen), draws(source))
+    np.testing.assert_array_equal(draws(Generator.from_key(gen.state)), draws(gen))
     gen.reset_from_seed(jnp.array(11))
     np.testing.assert_array_equal(draws(gen), draws(Generator(11)))
 
