@@ -76,13 +76,13 @@ class MLP(statevar.Module):
         self.dropout_rate = dropout_rate
         # Draws the dropout masks. Its key is a variable of the model ("rng/state"), saved
         # with it, so a resumed run drops the same units as an uninterrupted one.
-        self.rng = statevar.random.Generator(dropout_key)
+        self.rng = statevar.random.Generator.from_key(dropout_key)
 
     def __call__(self, x: jax.Array, training: bool = False) -> jax.Array:
         for layer in self.layers[:-1]:
             x = jax.nn.relu(layer(x))
             if training and self.dropout_rate > 0:
-                keep = self.rng.bernoulli(1.0 - self.dropout_rate, x.shape)
+                keep = self.rng.bernoulli(x.shape, 1.0 - self.dropout_rate)
                 x = jnp.where(keep, x / (1.0 - self.dropout_rate), 0.0)
         return self.layers[-1](x)
 

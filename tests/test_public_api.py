@@ -55,7 +55,7 @@ def test_random_is_a_submodule_whose_names_exist():
     import statevar.random as imported
 
     assert statevar.random is imported
-    assert imported.__all__ == ["Generator"]
+    assert imported.__all__ == ["Generator", "get_global_generator", "set_global_generator"]
     assert all(getattr(imported, name, None) is not None for name in imported.__all__)
     # A namespace, not a name: a star import leaves the standard library's random alone.
     assert "random" not in statevar.__all__
