@@ -197,6 +197,40 @@ def evaluate_initializer(
     return jax.jit(lambda: run()[0], out_shardings=target)(), target
 
 
+def check_constraint(label: str, constraint: Any) -> None:
+    """Refuses a ``constraint=`` that is neither callable nor None.
+
+    Raises:
+      TypeError: if it is not.
+    """
+    if constraint is not None and not callable(constraint):
+        raise TypeError(
+            f"Cannot create Variable '{label}' with constraint={short_repr(constraint)}: "
+            "expected a function from the variable's value to its projection, or None"
+        )
+
+
+def constrained(variable: Any, value: Any) -> Any:
+    """Returns ``value``, a new value an Optimizer computed for ``variable``, projected by
+    the variable's constraint (unchanged without one).
+
+    Raises:
+      ValueError: if the constraint returns something of another shape.
+    """
+    constraint = variable.constraint
+    if constraint is None:
+        return value
+    projected = constraint(value)
+    shape = tuple(getattr(projected, "shape", ()))
+    if not hasattr(projected, "shape") or shape != tuple(value.shape):
+        raise ValueError(
+            f"The constraint of Variable '{variable.name}' returned "
+            f"{type(projected).__name__} of shape {shape}, expected the variable's shape "
+            f"{tuple(value.shape)}"
+        )
+    return projected
+
+
 def check_initial_value(label: str, initial_value: Any) -> None:
     """Refuses an initial value that is deleted or traced.
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from . import _trace
+from ._creation import constrained
 from ._errors import caller_stacklevel
 from ._jit import jit
 from ._optimizer_state import (
@@ -563,7 +564,8 @@ class Optimizer:
         new_params = cast(dict[str, jax.Array], optax.apply_updates(params, updates))
         for variable, name, gradient in zip(self._params, names, grads, strict=True):
             if gradient is not None:
-                variable.assign(new_params[name])
+                # Projected after the update, as TensorFlow's and Keras's optimizers do.
+                variable.assign(constrained(variable, new_params[name]))
         new_leaves = [
             jax.random.key_data(leaf) if is_key(leaf) else leaf
             for leaf in jax.tree.leaves(new_state)

@@ -151,7 +151,8 @@ def test_module_takes_a_name_as_tf_module_does():
 
 def test_a_given_name_shows_in_repr_and_summary(capsys):
     block = MLPBlock()
-    assert repr(block) == "MLPBlock(dense=NamedDense(name='encoder', kernel=Variable(float32[2,1])))"
+    expected = "MLPBlock(dense=NamedDense(name='encoder', kernel=Variable(float32[2,1])))"
+    assert repr(block) == expected
     assert "name=" not in repr(NamedDense())
     block.dense.summary()
     assert capsys.readouterr().out.splitlines()[0] == "NamedDense 'encoder'"

@@ -39,6 +39,8 @@ mask: jax.Array = v < 0
 same: jax.Array = v == v
 updated: statevar.Variable = v.assign_add(1.0)
 v.assign(v * 2)
+nothing: None = v.assign_sub(1.0, read_value=False)
+again: statevar.Variable = v.assign(3.0, use_locking=True, name="set")
 as_float: float = float(v)
 
 model = Dense(2)
