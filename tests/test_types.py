@@ -35,6 +35,10 @@ total: jax.Array = v + 1
 total = 1 + v
 total = -v
 total = abs(v) * 2 - v / 3 @ jnp.ones(())
+total = v + [1.0, 1.0]
+total = v * (2.0, 2.0)
+total = (2.0, 2.0) - v
+total = [[1.0, 2.0]] @ v
 mask: jax.Array = v < 0
 same: jax.Array = v == v
 updated: statevar.Variable = v.assign_add(1.0)
