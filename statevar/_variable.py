@@ -195,8 +195,9 @@ def _eager_update(operation: Operation, doc: str) -> Update:
 class Variable(RefusedInPlace, Readable):
     """A mutable cell holding an immutable `jax.Array`, in the manner of ``tf.Variable``.
 
-    A Variable works wherever an array does (operators, NumPy, ``jnp`` functions, plain
-    ``jax.jit`` arguments) and is updated in place with `assign`, `assign_add`,
+    A Variable works as an array does with operators, NumPy, ``jnp`` functions and plain
+    ``jax.jit`` arguments (`jax.lax` functions, and ``jax.nn.sigmoid``, take ``v.value``),
+    and is updated in place with `assign`, `assign_add`,
     `assign_sub` and ``v[index] = x``. Updates run as cached jitted functions that donate
     the old buffer when nothing else holds it, so a large variable is updated without a
     second copy; an array read earlier is never deleted or changed by a later update.

@@ -351,6 +351,22 @@ def test_jax_lax_and_indexing_an_array_by_a_variable_need_its_value():
     assert float(jnp.take(schedule, step)) == 2.0  # jnp functions take it directly
 
 
+def test_jax_nn_functions_built_on_lax_need_the_value_as_the_readme_says():
+    """The README's known limits: ``jax.nn.sigmoid`` (``lax.logistic``) refuses a Variable,
+    as it refuses flax nnx's, while ``relu``, ``softmax``, ``gelu`` and ``tanh`` take one."""
+    from flax import nnx
+
+    v = statevar.Variable([[1.0, -2.0]])
+    array = v.value
+    for function in (jax.nn.relu, jax.nn.softmax, jax.nn.gelu, jnp.tanh, jax.nn.tanh):
+        chex.assert_trees_all_close(function(v), function(array))
+    with pytest.raises(ValueError, match=r"__jax_array__\(\) during abstractification"):
+        jax.nn.sigmoid(v)
+    with pytest.raises(ValueError, match=r"__jax_array__\(\) during abstractification"):
+        jax.nn.sigmoid(nnx.Param(array))
+    chex.assert_trees_all_close(jax.nn.sigmoid(v.value), jax.nn.sigmoid(array))
+
+
 def test_operators_on_what_jax_device_get_makes_of_a_variable_follow_jax():
     fetched = jax.device_get(statevar.Variable(jnp.array([1, 2], jnp.int8)))
 
