@@ -92,6 +92,8 @@ class JitFunction:
         self._fn = fn
         self._jit_kwargs = jit_kwargs
         self._cache = Cache()
+        # Whether its traces may still create variables: its first may (see `_trace.Creation`).
+        self._creation = _trace.Creation("")
         # How messages about a call's placement name it, when not as this function (an
         # Optimizer's compiled update is named after the Optimizer).
         self.subject: str | None = None
@@ -99,6 +101,7 @@ class JitFunction:
         if not hasattr(self, "__name__"):  # a functools.partial or a callable object
             inner = fn.func if isinstance(fn, functools.partial) else fn
             self.__name__ = getattr(inner, "__name__", type(inner).__name__)
+        self._creation.name = self.__name__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the function: the general path, which `jit`'s function takes unless
@@ -170,7 +173,7 @@ class JitFunction:
         refs = tuple(dict.fromkeys(refs))
         closure = closure_variables(self._fn)
         lifted = tuple(dict.fromkeys([*arg_variables, *closure, *extra, *refs]))
-        return Entry(self._fn, split, lifted, extra, refs, self._jit_kwargs)
+        return Entry(self._fn, split, lifted, extra, refs, self._jit_kwargs, self._creation)
 
     def _retrace(self, key: Any, entry: Entry, found: Found) -> Entry:
         """Replaces ``entry`` with one lifting what its trace found (see `Found`)."""
@@ -245,7 +248,13 @@ class JitFunction:
                 arrays, originals = entry.arrays(self.copy_action)
             else:
                 arrays = originals = [v._value for v in entry.lifted]
-            found = entry.trace(arrays, dynamic)
+            try:
+                found = entry.trace(arrays, dynamic)
+            except _trace.NeedsEagerTrace:
+                # The first trace created a variable from a value JAX computed as traced: that
+                # trace again, telling apart what depends on the step's arguments.
+                self._creation.eager = True
+                found = entry.trace(arrays, dynamic)
             return (arrays, originals, found), found if found.needs_retrace else None
 
         (arrays, originals, found), entry = _trace.retrace(

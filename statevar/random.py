@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _nesting, _trace
 from ._convert import Tracer
+from ._creation import creating
 from ._errors import TraceContextError
 from ._module import Module
 from ._state import STATE
@@ -133,9 +134,10 @@ class Generator(Module):
     """
 
     def __init__(self, seed: int | jax.Array, *, name: str | None = None):
-        key = _initial_key(seed)
-        self._impl = str(jax.random.key_impl(key))
-        self.state = Variable(jax.random.key_data(key), trainable=False, name=name)
+        with creating("a statevar.random.Generator"):  # named so where it cannot be made
+            key = _initial_key(seed)
+            self._impl = str(jax.random.key_impl(key))
+            self.state = Variable(jax.random.key_data(key), trainable=False, name=name)
 
     def key(self) -> jax.Array:
         """Returns a new typed PRNG key (as `jax.random.key` makes), advancing the generator.

@@ -563,18 +563,39 @@ def test_an_unbuilt_optimizer_says_how_to_build_it():
         statevar.save("never_written", opt)
 
 
-def test_building_inside_a_compiled_step_is_refused_with_the_fix():
+def test_an_optimizer_first_applied_inside_a_compiled_step_builds_there():
+    w = statevar.Variable([1.0, 2.0], name="w")
+    eager_w = statevar.Variable([1.0, 2.0], name="w")
+    opt, eager = statevar.Optimizer(optax.adam(0.1)), statevar.Optimizer(optax.adam(0.1))
+
+    @statevar.jit
+    def step(gradient):
+        opt.apply_gradients([(gradient, w)])
+
+    for gradient in (jnp.ones(2), jnp.array([0.5, -1.0]), jnp.ones(2)):
+        step(gradient)
+        eager.apply_gradients([(gradient, eager_w)])
+    assert opt.built
+    chex.assert_trees_all_close(w.value, eager_w.value)
+    chex.assert_trees_all_close(
+        [v.value for v in opt.state_variables], [v.value for v in eager.state_variables]
+    )
+    assert int(opt.iterations) == 3
+
+
+def test_building_inside_grad_is_refused():
     w = statevar.Variable([1.0], name="w")
     opt = statevar.Optimizer(optax.sgd(0.1))
 
-    @statevar.jit
-    def step():
-        opt.apply_gradients([(jnp.ones(1), w)])
+    def loss():
+        opt.build([w])
+        return jnp.sum(w * w)
 
     with pytest.raises(
-        statevar.TraceContextError, match=r"Cannot build Optimizer 'optimizer' inside statevar.jit"
+        statevar.TraceContextError,
+        match=r"Cannot create the state of Optimizer 'optimizer' inside statevar.grad",
     ):
-        step()
+        statevar.grad(loss, w)()
     assert not opt.built
 
 
