@@ -508,6 +508,13 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     or deleting a variable, a sub-Module or an Optimizer by attribute is seen: each
     compiled step that lifted what it held traces again on its next call.
 
+    As with ``tf.function``, the first trace may create variables (a Module built on its
+    first call, a `statevar.random.Generator`, an Optimizer's state), from values that do
+    not depend on the traced arguments (computed under `jax.ensure_compile_time_eval`): that
+    trace is made again so that each is created once, and the step traces once more,
+    lifting them. Not under ``lax.cond``, ``lax.scan`` or another JAX transformation inside
+    the step, nor in a later trace (a new input signature).
+
     Args:
       fn: the function. Its arguments may hold Variables, Modules, arrays and Python
         numbers (traced); a Python bool, or anything else, is static: each value its own
@@ -521,7 +528,8 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
 
     Raises:
       TypeError: if ``donate_argnums`` or ``donate_argnames`` is given.
-      TraceContextError: if ``fn`` creates a Variable.
+      TraceContextError: if ``fn`` creates a Variable from a traced value, under a JAX
+        transformation, or in a trace after its first.
       PlacementError: when called with variables and arguments on different sets of
         devices (before anything is donated).
 

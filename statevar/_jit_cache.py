@@ -63,8 +63,9 @@ class Found:
       eager: the trace ran under `jax.ensure_compile_time_eval` to create variables (see
         `_trace.Creation`): traced again for the compiled program.
 
-    Any of unlifted, wanted_refs and eager makes the trace a step that gives every variable back unchanged: the caller
-    compiles an entry lifting them (`needs_retrace`) and runs that instead.
+    Any of unlifted, wanted_refs and eager makes the trace a step that gives every variable
+    back unchanged: the caller compiles an entry lifting them (`needs_retrace`) and runs
+    that instead.
     """
 
     __slots__ = ("unlifted", "wanted_refs", "lifted_refs", "eager")

@@ -253,7 +253,9 @@ class Variable(RefusedInPlace, Readable):
         integers, a sum of bools).
       ValueError: if ``synchronization`` or ``aggregation`` is unknown, or an on-read
         variable is asked to be trainable or lacks an aggregation.
-      TraceContextError: if created while `statevar.jit` or `statevar.grad` traces.
+      TraceContextError: if created while `statevar.grad` or `stateless_call` traces, or
+        while `statevar.jit` traces other than at the step's own level in its first trace,
+        or from a value traced there (see `statevar.jit`).
       PlacementError: if ``device`` does not exist and soft placement is off, or the
         sharding does not fit (an axis the mesh lacks, a dimension the axis does not
         divide, a spec longer than the rank, a spec without a mesh to resolve it), or an
