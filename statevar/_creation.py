@@ -44,7 +44,7 @@ _subjects = _Subjects()
 @contextlib.contextmanager
 def creating(subject: str) -> Iterator[None]:
     """Inside the block, a variable refused where it cannot be created (see
-    `_trace.check_creation`) is named as ``subject`` (``"statevar.random.Generator"``)."""
+    `_trace.check_creation`) is named as ``subject`` (``"a statevar.random.Generator"``)."""
     outer, _subjects.subject = _subjects.subject, subject
     try:
         yield

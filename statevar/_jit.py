@@ -251,8 +251,8 @@ class JitFunction:
             try:
                 found = entry.trace(arrays, dynamic)
             except _trace.NeedsEagerTrace:
-                # The first trace created a variable from a value JAX computed as traced: that
-                # trace again, telling apart what depends on the step's arguments.
+                # The first trace reached a variable's creation: traced again under
+                # jax.ensure_compile_time_eval, which makes every creation of the first call.
                 self._creation.eager = True
                 found = entry.trace(arrays, dynamic)
             return (arrays, originals, found), found if found.needs_retrace else None
