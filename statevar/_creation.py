@@ -159,7 +159,7 @@ def target_sharding(
             sharding = sharding(label, tuple(shape))
         return _placement.resolve_sharding(sharding, shape, action)
     if device is not None:
-        return _placement.resolve(device, what=f"Variable '{label}'", stacklevel=4)
+        return _placement.resolve(device, what=f"Variable '{label}'", stacklevel=5)
     if is_concrete_array(initial_value) and _placement.is_multi_device(initial_value.sharding):
         if initial_value.committed:
             return initial_value.sharding
