@@ -274,9 +274,11 @@ def check_initial_value(label: str, initial_value: Any) -> None:
     """
     check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
     if isinstance(initial_value, Tracer):
+        subject = creation_subject(None if label == "Variable" else label)
         raise TraceContextError(
-            f"Cannot create Variable '{label}' from a traced value inside a JAX "
-            "transformation: create variables outside jitted or differentiated functions."
+            f"Cannot create {subject} from a traced value inside a JAX transformation: "
+            "create variables outside jitted or differentiated functions (a statevar.jit "
+            "step may create them in its first trace)."
         )
 
 

@@ -426,6 +426,11 @@ def test_a_generator_created_where_it_cannot_be_is_named_as_the_generator():
         r"the statevar.jit function '<lambda>' after its first trace",
     ):
         statevar.jit(lambda: Generator(seed=0, name="noise").normal(()))()
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot create a statevar.random.Generator from a traced value inside a JAX",
+    ):
+        jax.jit(lambda: Generator(seed=0).normal(()))()
 
 
 def test_threads_drawing_at_once_never_share_a_key():
