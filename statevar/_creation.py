@@ -4,7 +4,9 @@ its dtype and where it goes; `Variable` calls `initial_state` and stores what it
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, TypeGuard
 
 import jax
@@ -25,6 +27,38 @@ from ._view import Readable
 
 SYNCHRONIZATIONS = ("auto", "on_write", "on_read")
 AGGREGATIONS = ("none", "sum", "mean", "only_first_replica")
+
+
+class _Subjects(threading.local):
+    """What this thread is creating, when a variable is made for an object that speaks for
+    it (a `statevar.random.Generator`): messages about where it cannot be created name it."""
+
+    def __init__(self) -> None:
+        self.subject: str | None = None
+
+
+_subjects = _Subjects()
+
+
+@contextlib.contextmanager
+def creating(subject: str) -> Iterator[None]:
+    """Inside the block, a variable refused where it cannot be created (see
+    `_trace.check_creation`) is named as ``subject`` (``"a statevar.random.Generator"``)."""
+    outer, _subjects.subject = _subjects.subject, subject
+    try:
+        yield
+    finally:
+        _subjects.subject = outer
+
+
+def creation_subject(name: str | None) -> str:
+    """How messages about where a variable cannot be created name it: by its name, or as
+    the object it is made for (see `creating`)."""
+    subject = _subjects.subject
+    label = f"Variable '{name if name is not None else 'Variable'}'"
+    if subject is None:
+        return label
+    return subject if name is None else f"{subject} (its {label})"
 
 
 def spelling(value: Any) -> Any:
@@ -124,7 +158,7 @@ def target_sharding(
             sharding = sharding(label, tuple(shape))
         return _placement.resolve_sharding(sharding, shape, action)
     if device is not None:
-        return _placement.resolve(device, what=f"Variable '{label}'", stacklevel=4)
+        return _placement.resolve(device, what=f"Variable '{label}'", stacklevel=5)
     if is_concrete_array(initial_value) and _placement.is_multi_device(initial_value.sharding):
         if initial_value.committed:
             return initial_value.sharding
@@ -196,6 +230,40 @@ def evaluate_initializer(
     return jax.jit(lambda: run()[0], out_shardings=target)(), target
 
 
+def check_constraint(label: str, constraint: Any) -> None:
+    """Refuses a ``constraint=`` that is neither callable nor None.
+
+    Raises:
+      TypeError: if it is not.
+    """
+    if constraint is not None and not callable(constraint):
+        raise TypeError(
+            f"Cannot create Variable '{label}' with constraint={short_repr(constraint)}: "
+            "expected a function from the variable's value to its projection, or None"
+        )
+
+
+def constrained(variable: Any, value: Any) -> Any:
+    """Returns ``value``, a new value an Optimizer computed for ``variable``, projected by
+    the variable's constraint (unchanged without one).
+
+    Raises:
+      ValueError: if the constraint returns something of another shape.
+    """
+    constraint = variable.constraint
+    if constraint is None:
+        return value
+    projected = constraint(value)
+    shape = tuple(getattr(projected, "shape", ()))
+    if not hasattr(projected, "shape") or shape != tuple(value.shape):
+        raise ValueError(
+            f"The constraint of Variable '{variable.name}' returned "
+            f"{type(projected).__name__} of shape {shape}, expected the variable's shape "
+            f"{tuple(value.shape)}"
+        )
+    return projected
+
+
 def check_initial_value(label: str, initial_value: Any) -> None:
     """Refuses an initial value that is deleted or traced.
 
@@ -205,9 +273,11 @@ def check_initial_value(label: str, initial_value: Any) -> None:
     """
     check_not_deleted(initial_value, f"Cannot create Variable '{label}'")
     if isinstance(initial_value, Tracer):
+        subject = creation_subject(None if label == "Variable" else label)
         raise TraceContextError(
-            f"Cannot create Variable '{label}' from a traced value inside a JAX "
-            "transformation: create variables outside jitted or differentiated functions."
+            f"Cannot create {subject} from a traced value inside a JAX transformation: "
+            "create variables outside jitted or differentiated functions (a statevar.jit "
+            "step may create them in its first trace)."
         )
 
 
@@ -232,6 +302,37 @@ class InitialState(NamedTuple):
     aggregation: str
 
 
+def initial_array(
+    name: str | None, initial_value: Any, dtype: Any, device: Any, sharding: Any, frame: Any
+) -> jax.Array:
+    """A new variable's array: its initial value converted, copied and placed (see
+    `initial_state`); ``frame`` is the `statevar.jit` frame creating it, or None.
+
+    Raises:
+      as `Variable`.
+    """
+    label = name if name is not None else "Variable"
+    if isinstance(initial_value, Readable):  # a Variable, or a view of one
+        initial_value = initial_value._read()
+    device, sharding = placement_request(label, device, sharding)
+    initial_value, target = evaluate_initializer(label, initial_value, sharding, device)
+    if frame is not None and isinstance(initial_value, Tracer):
+        _trace.refuse_traced_initial_value(frame, creation_subject(name))
+    check_initial_value(label, initial_value)
+    dtype = initial_dtype(initial_value, dtype, label)
+    initial_value, shape = convert(initial_value, dtype, f"Cannot create Variable '{label}'")
+    if target is None:
+        # Checked before anything is copied to a device: a bad request changes nothing.
+        target = target_sharding(label, shape, sharding, device, initial_value)
+    # A strongly typed copy (an explicit dtype): a variable's dtype is fixed.
+    value = jnp.array(initial_value, dtype=dtype, copy=True)
+    if target is not None or value.committed:
+        # A copy on the device, then put on the sharding: a NumPy value put straight onto a
+        # sharding can alias host memory, and the next donated update would not be in place.
+        value = jax.device_put(value, target or default_device())
+    return value
+
+
 def initial_state(
     variable: Any,
     initial_value: Any,
@@ -250,10 +351,11 @@ def initial_state(
     stores it) and always copied, then placed: on ``sharding=`` or ``device=``, else where
     the innermost `statevar.mesh` or `statevar.device` scope says, else uncommitted on
     JAX's default device, as ``jnp.zeros`` is. Everything is checked before anything is
-    copied to a device.
+    copied to a device. In the first trace of a `statevar.jit` step, the value is computed
+    under `jax.ensure_compile_time_eval` (see `_trace.Creation`).
 
     Raises:
-      as `Variable`.
+      as `Variable`; and `_trace.NeedsEagerTrace` (see `_trace.check_creation`).
     """
     label = name if name is not None else "Variable"
     if name is not None and not isinstance(name, str):
@@ -264,23 +366,11 @@ def initial_state(
     on_read = synchronization == "on_read"
     if on_read:
         check_on_read(variable, label, trainable, aggregation)
-    _trace.check_creation(label)
-    if isinstance(initial_value, Readable):  # a Variable, or a view of one
-        initial_value = initial_value._read()
-    device, sharding = placement_request(label, device, sharding)
-    initial_value, target = evaluate_initializer(label, initial_value, sharding, device)
-    check_initial_value(label, initial_value)
-    dtype = initial_dtype(initial_value, dtype, label)
-    initial_value, shape = convert(initial_value, dtype, f"Cannot create Variable '{label}'")
-    if target is None:
-        # Checked before anything is copied to a device: a bad request changes nothing.
-        target = target_sharding(label, shape, sharding, device, initial_value)
-    # A strongly typed copy (an explicit dtype): a variable's dtype is fixed.
-    value = jnp.array(initial_value, dtype=dtype, copy=True)
-    if target is not None or value.committed:
-        # A copy on the device, then put on the sharding: a NumPy value put straight onto a
-        # sharding can alias host memory, and the next donated update would not be in place.
-        value = jax.device_put(value, target or default_device())
+    # In a statevar.jit step's first trace, values not computed from the step's traced
+    # arguments are computed, concrete, as the variable is created.
+    frame = _trace.check_creation(creation_subject(name))
+    with jax.ensure_compile_time_eval() if frame is not None else contextlib.nullcontext():
+        value = initial_array(name, initial_value, dtype, device, sharding, frame)
     return InitialState(
         value, bool(not on_read if trainable is None else trainable), synchronization, aggregation
     )

@@ -92,6 +92,8 @@ class JitFunction:
         self._fn = fn
         self._jit_kwargs = jit_kwargs
         self._cache = Cache()
+        # Whether its traces may still create variables: its first may (see `_trace.Creation`).
+        self._creation = _trace.Creation("")
         # How messages about a call's placement name it, when not as this function (an
         # Optimizer's compiled update is named after the Optimizer).
         self.subject: str | None = None
@@ -99,6 +101,7 @@ class JitFunction:
         if not hasattr(self, "__name__"):  # a functools.partial or a callable object
             inner = fn.func if isinstance(fn, functools.partial) else fn
             self.__name__ = getattr(inner, "__name__", type(inner).__name__)
+        self._creation.name = self.__name__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the function: the general path, which `jit`'s function takes unless
@@ -170,7 +173,7 @@ class JitFunction:
         refs = tuple(dict.fromkeys(refs))
         closure = closure_variables(self._fn)
         lifted = tuple(dict.fromkeys([*arg_variables, *closure, *extra, *refs]))
-        return Entry(self._fn, split, lifted, extra, refs, self._jit_kwargs)
+        return Entry(self._fn, split, lifted, extra, refs, self._jit_kwargs, self._creation)
 
     def _retrace(self, key: Any, entry: Entry, found: Found) -> Entry:
         """Replaces ``entry`` with one lifting what its trace found (see `Found`)."""
@@ -245,7 +248,13 @@ class JitFunction:
                 arrays, originals = entry.arrays(self.copy_action)
             else:
                 arrays = originals = [v._value for v in entry.lifted]
-            found = entry.trace(arrays, dynamic)
+            try:
+                found = entry.trace(arrays, dynamic)
+            except _trace.NeedsEagerTrace:
+                # The first trace reached a variable's creation: traced again under
+                # jax.ensure_compile_time_eval, which makes every creation of the first call.
+                self._creation.eager = True
+                found = entry.trace(arrays, dynamic)
             return (arrays, originals, found), found if found.needs_retrace else None
 
         (arrays, originals, found), entry = _trace.retrace(
@@ -499,6 +508,13 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     or deleting a variable, a sub-Module or an Optimizer by attribute is seen: each
     compiled step that lifted what it held traces again on its next call.
 
+    As with ``tf.function``, the first trace may create variables (a Module built on its
+    first call, a `statevar.random.Generator`, an Optimizer's state), from values that do
+    not depend on the traced arguments (computed under `jax.ensure_compile_time_eval`): that
+    trace is made again so that each is created once, and the step traces once more,
+    lifting them. Not under ``lax.cond``, ``lax.scan`` or another JAX transformation inside
+    the step, nor in a later trace (a new input signature).
+
     Args:
       fn: the function. Its arguments may hold Variables, Modules, arrays and Python
         numbers (traced); a Python bool, or anything else, is static: each value its own
@@ -512,7 +528,8 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
 
     Raises:
       TypeError: if ``donate_argnums`` or ``donate_argnames`` is given.
-      TraceContextError: if ``fn`` creates a Variable.
+      TraceContextError: if ``fn`` creates a Variable from a traced value, under a JAX
+        transformation, or in a trace after its first.
       PlacementError: when called with variables and arguments on different sets of
         devices (before anything is donated).
 

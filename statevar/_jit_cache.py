@@ -22,6 +22,7 @@ without flattening its arguments. Its invariants:
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import sys
 import weakref
@@ -60,26 +61,31 @@ class Found:
         that the entry did not hold in a `jax.Ref` and the trace could not move into one
         (see `_trace._lift_into_ref`).
       lifted_refs: variables the trace moved into a `jax.Ref` as it went (no trace again).
+      eager: the trace ran under `jax.ensure_compile_time_eval` to create variables (see
+        `_trace.Creation`): traced again for the compiled program.
 
-    Either makes the trace a step that gives every variable back unchanged: the caller
-    compiles an entry lifting them (`needs_retrace`) and runs that instead.
+    Any of unlifted, wanted_refs and eager makes the trace a step that gives every variable
+    back unchanged: the caller compiles an entry lifting them (`needs_retrace`) and runs
+    that instead.
     """
 
-    __slots__ = ("unlifted", "wanted_refs", "lifted_refs")
+    __slots__ = ("unlifted", "wanted_refs", "lifted_refs", "eager")
 
     def __init__(
         self,
         unlifted: tuple[Variable, ...],
         wanted_refs: tuple[Variable, ...],
         lifted_refs: tuple[Variable, ...] = (),
+        eager: bool = False,
     ):
         self.unlifted = unlifted
         self.wanted_refs = wanted_refs
         self.lifted_refs = lifted_refs
+        self.eager = eager
 
     @property
     def needs_retrace(self) -> bool:
-        return bool(self.unlifted or self.wanted_refs)
+        return bool(self.unlifted or self.wanted_refs or self.eager)
 
 
 class _Traced:
@@ -134,10 +140,11 @@ class Entry:
         extra: tuple[Variable, ...],
         refs: tuple[Variable, ...],
         jit_kwargs: dict[str, Any],
+        creation: _trace.Creation,
     ):
         self.lifted, self.refs, self.split, self.extra = lifted, refs, split, extra
         self._traced = _Traced()
-        pure = _pure_step(fn, split, lifted, refs, self._traced)
+        pure = _pure_step(fn, split, lifted, refs, self._traced, creation)
         self.jitted = jax.jit(pure, donate_argnums=0, **jit_kwargs)
         self.flags = _variable.compile_flags(lifted)
         self.epoch = STATE.compile_epoch
@@ -244,22 +251,32 @@ def _pure_step(
     lifted: tuple[Variable, ...],
     refs: tuple[Variable, ...],
     traced: _Traced,
+    creation: _trace.Creation,
 ) -> Callable:
     """Returns the pure function an entry compiles: ``(arrays, dynamic) -> (*new arrays of
-    the lifted variables, result)``, reporting what each trace found to ``traced``."""
+    the lifted variables, result)``, reporting what each trace found to ``traced``. The
+    function's first trace may create variables (see `_trace.Creation`)."""
     treedef, held, _ = split
 
     def pure(arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Any:
         values = dict(zip(lifted, arrays, strict=True))
         frame = _trace.Frame("jit", values, {v: jax.new_ref(values.pop(v)) for v in refs})
+        frame.creation = creation
+        eager = creation.open and creation.eager
         with frame:
             args, kwargs = treedef.unflatten(_merge(treedef.num_leaves, held, dynamic))
-            result = read_variables(fn(*args, **kwargs))
+            with jax.ensure_compile_time_eval() if eager else contextlib.nullcontext():
+                result = fn(*args, **kwargs)
+            result = read_variables(result)
         _check_result(fn, result)
+        creation.open = False  # a trace completed: later ones create nothing
         lifted_set = set(lifted)
         unlifted = (*frame.unlifted, *(v for v in frame.written if v not in lifted_set))
         traced.found = Found(
-            tuple(dict.fromkeys(unlifted)), tuple(frame.wanted_refs), tuple(frame.lifted_refs)
+            tuple(dict.fromkeys(unlifted)),
+            tuple(frame.wanted_refs),
+            tuple(frame.lifted_refs),
+            eager,
         )
         if traced.found.needs_retrace:
             # Finish this trace (raising out of it would leave JAX's caches of the nested

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TextIO
 
 import numpy as np
@@ -21,6 +22,12 @@ class Module(Node):
     is known by its path in the module tree (``"layers/0/kernel"``); a variable with an
     explicit name is known by that name. These names key gradients, summaries and
     checkpoints.
+
+    A Module is known by its ``name``, as a ``tf.Module`` is: ``name=`` given to its
+    ``__init__``, else its class name in snake case (``Dense`` is ``"dense"``). A subclass
+    need not call ``super().__init__`` (it is then known by its class name); one that takes
+    a name passes it on: ``super().__init__(name=name)``. A name given shows in its repr
+    and its `summary`.
 
     A Module is a pytree, as flax nnx's and equinox's are: its leaves are the arrays of the
     variables it holds, and of its plain array attributes, once each in attribute order;
@@ -46,7 +53,43 @@ class Module(Node):
       ...         self.step = statevar.Variable(0, trainable=False, name="step")
       >>> list(Model().named_variables())
       ['layers/0/kernel', 'layers/0/bias', 'layers/1/kernel', 'layers/1/bias', 'step']
+      >>> Model().name, statevar.Module(name="encoder").name
+      ('model', 'encoder')
     """
+
+    def __init__(self, name: str | None = None) -> None:
+        """Makes a Module known by ``name`` (see `Module`).
+
+        Args:
+          name: a valid Python identifier, or None for the class name in snake case.
+
+        Raises:
+          TypeError: if ``name`` is neither a str nor None.
+          ValueError: if ``name`` is not a valid Python identifier.
+        """
+        if name is not None:
+            self.name = name
+
+    @property
+    def name(self) -> str:
+        """The name given to ``__init__`` (or set), else the class name in snake case."""
+        given = vars(self).get("_module_name")
+        return given if given is not None else snake_case(type(self).__name__)
+
+    @name.setter
+    def name(self, name: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(
+                f"Expected the name of Module {type(self).__name__} to be a str, got "
+                f"{type(name).__name__} {name!r}"
+            )
+        if not name.isidentifier():
+            raise ValueError(
+                f"Cannot name Module {type(self).__name__} {name!r}: a Module's name must be "
+                "a valid Python identifier (letters, digits and underscores, not starting "
+                "with a digit), as tf.Module requires"
+            )
+        vars(self)["_module_name"] = name
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -178,6 +221,21 @@ class Module(Node):
 
 
 register_module(Module)
+
+
+_CAMEL_TO_SNAKE = re.compile(r"((?<=[a-z0-9])[A-Z]|(?!^)[A-Z](?=[a-z]))")
+
+
+def snake_case(class_name: str) -> str:
+    """Returns a class name in snake case, as ``tf.Module`` names a Module by default
+    (by the same rule: ``Conv2D`` gives ``conv2_d``).
+
+    Example:
+      >>> from statevar._module import snake_case
+      >>> snake_case("Dense"), snake_case("MLPBlock"), snake_case("Conv2D")
+      ('dense', 'mlp_block', 'conv2_d')
+    """
+    return _CAMEL_TO_SNAKE.sub(r"_\1", class_name).lower()
 
 
 def _record_change(old: Any, new: Any) -> None:

@@ -3,8 +3,12 @@
 `ArrayOperators` gives a Variable (and a view of one) the operators of a `jax.Array`: each
 reads the current value and applies Python's operator to it, so that the array's own rules
 decide: a new `jax.Array`, or, for an operand a `jax.Array` does not take (``None``,
-``pytest.approx``), that operand's turn. A type checker accepts ``v + 1``, ``1 - v``, ``-v``
-and ``v < 0``. Operands on different devices are brought together first
+``pytest.approx``), that operand's turn. A Python list or tuple of numbers is converted to
+an array first, in either order (``v + [1.0, 1.0]``, ``[[1.0, 2.0]] @ v``), as TensorFlow
+converts it: deliberately unlike a `jax.Array`, which refuses lists. A type checker
+accepts ``v + 1``, ``1 - v``, ``-v``, ``v < 0``, ``v + [1.0]`` and ``[1.0] - v``; it reads
+``(2.0, 2.0) * v`` as a tuple repeated (a Variable has ``__index__``), though Python runs
+the Variable's ``__rmul__``. Operands on different devices are brought together first
 (see `colocate`). `RefusedInPlace` refuses ``v += 1``, which would rebind the name to a new
 array and leave the variable unchanged; `RebindingInPlace` allows it for views, which are
 values, as for a `jax.Array`.
@@ -24,8 +28,20 @@ from jax.typing import ArrayLike
 from . import _placement
 from ._convert import is_concrete_array
 
-# What an operator accepts: anything `jnp` does, and a Variable (or a view of one).
-Operand: TypeAlias = "ArrayLike | ArrayOperators"
+# What an operator accepts: anything `jnp` does, a Variable (or a view of one), and a
+# Python list or tuple of numbers (converted, as TensorFlow converts it).
+Operand: TypeAlias = "ArrayLike | ArrayOperators | list[Any] | tuple[Any, ...]"
+# What a reflected operator accepts (``1 - v``, ``[1.0] - v``).
+Reflected: TypeAlias = "ArrayLike | list[Any] | tuple[Any, ...]"
+
+
+def sequence_operand(other: list | tuple) -> Any:
+    """A list or tuple operand as an array (``jnp.asarray``'s rules), or as it is if it
+    holds what no array can (then it gets its turn, as against a `jax.Array`)."""
+    try:
+        return jnp.asarray(other)
+    except (TypeError, ValueError):
+        return other
 
 
 def colocate(a: Any, b: Any) -> tuple[Any, Any]:
@@ -57,6 +73,9 @@ class ArrayOperators:
             own = jnp.asarray(own)  # a view of what jax.device_get gave: JAX's rules still
         if isinstance(other, ArrayOperators):
             other = other._read()
+        elif isinstance(other, (list, tuple)) and isinstance(own, jax.Array):
+            # (A view may hold what a tree function made of a variable: a shape, say.)
+            other = sequence_operand(other)
         a, b = colocate(own, other)
         return op(b, a) if reflected else op(a, b)
 
@@ -67,85 +86,85 @@ class ArrayOperators:
     def __add__(self, other: Operand) -> jax.Array:
         return self._binary(operator.add, other)
 
-    def __radd__(self, other: ArrayLike) -> jax.Array:
+    def __radd__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.add, other, reflected=True)
 
     def __sub__(self, other: Operand) -> jax.Array:
         return self._binary(operator.sub, other)
 
-    def __rsub__(self, other: ArrayLike) -> jax.Array:
+    def __rsub__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.sub, other, reflected=True)
 
     def __mul__(self, other: Operand) -> jax.Array:
         return self._binary(operator.mul, other)
 
-    def __rmul__(self, other: ArrayLike) -> jax.Array:
+    def __rmul__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.mul, other, reflected=True)
 
     def __truediv__(self, other: Operand) -> jax.Array:
         return self._binary(operator.truediv, other)
 
-    def __rtruediv__(self, other: ArrayLike) -> jax.Array:
+    def __rtruediv__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.truediv, other, reflected=True)
 
     def __floordiv__(self, other: Operand) -> jax.Array:
         return self._binary(operator.floordiv, other)
 
-    def __rfloordiv__(self, other: ArrayLike) -> jax.Array:
+    def __rfloordiv__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.floordiv, other, reflected=True)
 
     def __mod__(self, other: Operand) -> jax.Array:
         return self._binary(operator.mod, other)
 
-    def __rmod__(self, other: ArrayLike) -> jax.Array:
+    def __rmod__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.mod, other, reflected=True)
 
     def __divmod__(self, other: Operand) -> tuple[jax.Array, jax.Array]:
         return self._binary(divmod, other)
 
-    def __rdivmod__(self, other: ArrayLike) -> tuple[jax.Array, jax.Array]:
+    def __rdivmod__(self, other: Reflected) -> tuple[jax.Array, jax.Array]:
         return self._binary(divmod, other, reflected=True)
 
     def __pow__(self, other: Operand) -> jax.Array:
         return self._binary(operator.pow, other)
 
-    def __rpow__(self, other: ArrayLike) -> jax.Array:
+    def __rpow__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.pow, other, reflected=True)
 
     def __matmul__(self, other: Operand) -> jax.Array:
         return self._binary(operator.matmul, other)
 
-    def __rmatmul__(self, other: ArrayLike) -> jax.Array:
+    def __rmatmul__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.matmul, other, reflected=True)
 
     def __and__(self, other: Operand) -> jax.Array:
         return self._binary(operator.and_, other)
 
-    def __rand__(self, other: ArrayLike) -> jax.Array:
+    def __rand__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.and_, other, reflected=True)
 
     def __or__(self, other: Operand) -> jax.Array:
         return self._binary(operator.or_, other)
 
-    def __ror__(self, other: ArrayLike) -> jax.Array:
+    def __ror__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.or_, other, reflected=True)
 
     def __xor__(self, other: Operand) -> jax.Array:
         return self._binary(operator.xor, other)
 
-    def __rxor__(self, other: ArrayLike) -> jax.Array:
+    def __rxor__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.xor, other, reflected=True)
 
     def __lshift__(self, other: Operand) -> jax.Array:
         return self._binary(operator.lshift, other)
 
-    def __rlshift__(self, other: ArrayLike) -> jax.Array:
+    def __rlshift__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.lshift, other, reflected=True)
 
     def __rshift__(self, other: Operand) -> jax.Array:
         return self._binary(operator.rshift, other)
 
-    def __rrshift__(self, other: ArrayLike) -> jax.Array:
+    def __rrshift__(self, other: Reflected) -> jax.Array:
         return self._binary(operator.rshift, other, reflected=True)
 
     # Elementwise, as for a jax.Array: the result is an array, not a bool.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 import weakref
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from . import _trace
+from ._creation import constrained
 from ._errors import caller_stacklevel
 from ._jit import jit
 from ._optimizer_state import (
@@ -56,7 +58,8 @@ class Optimizer:
     compiled, donating call) and inside `statevar.jit`.
 
     Given no variables, the Optimizer is built by its first `apply_gradients` (or by
-    `build`), which must then run outside `statevar.jit`.
+    `build`): eagerly, or in a `statevar.jit` step's first trace, as Keras's optimizer
+    builds in a ``tf.function``.
 
     Args:
       tx: the optax transformation, e.g. ``optax.adam(1e-3)``; or a factory such as
@@ -140,8 +143,9 @@ class Optimizer:
         Raises:
           ValueError: if the Optimizer is already built.
           TypeError: if ``variables`` holds anything but Variables and Modules.
-          TraceContextError: inside `statevar.jit` or `statevar.grad`, where no variable
-            may be created.
+          TraceContextError: where its state variables cannot be created: inside
+            `statevar.grad`, or a `statevar.jit` step after its first trace (see
+            `statevar.jit`).
         """
         if self._built:
             raise ValueError(
@@ -149,11 +153,14 @@ class Optimizer:
                 "variables; create another Optimizer for other variables"
             )
         tree = variable_tree(variables, "the Optimizer's variables")
-        _trace.check_outside(
-            f"build Optimizer '{self._name}'",
-            "its state variables must be created outside. Build it before the compiled "
-            "step: Optimizer(tx, model), or optimizer.build(model.trainable_variables)",
-        )
+        # In a compiled step's first trace, as Keras's optimizer builds in tf.function's: from
+        # the variables' values at the start of the step, computed then (concrete).
+        creating = _trace.check_creation(f"the state of Optimizer '{self._name}'") is not None
+        with jax.ensure_compile_time_eval() if creating else contextlib.nullcontext():
+            self._build(tree, variables, creating)
+
+    def _build(self, tree: Any, variables: Any, creating: bool) -> None:
+        """`build`, once checked; ``creating``: in a compiled step's first trace."""
         leaves, self._treedef = jax.tree.flatten(tree, is_leaf=is_variable)
         self._leaves = tuple(leaves)
         self._watch(variables)
@@ -162,7 +169,7 @@ class Optimizer:
         for name, variable in iter_variables(variables, "the Optimizer's variables"):
             first_name.setdefault(variable, name)
         self._param_names = tuple(unique([first_name[v] for v in self._params]))
-        values = [v.value for v in self._params]
+        values = [v._value if creating else v.value for v in self._params]
         state = self._tx.init(dict(zip(self._param_names, values, strict=True)))
         layout = state_layout(state, self._param_names)
         index = {name: i for i, name in enumerate(self._param_names)}
@@ -458,8 +465,8 @@ class Optimizer:
             an array, or not of the variable's kind (as in `apply`).
           ValueError: if a variable appears twice, is not one the optimizer updates, or a
             gradient's shape does not match its variable's.
-          TraceContextError: if the first call, which builds the Optimizer, runs inside
-            `statevar.jit`.
+          TraceContextError: if the first call, which builds the Optimizer, runs where its
+            state cannot be created (see `build`).
         """
         if isinstance(grads_and_vars, Node):  # a gradient Module, as `apply` takes it
             self.apply(grads_and_vars, **extra_args)
@@ -563,7 +570,8 @@ class Optimizer:
         new_params = cast(dict[str, jax.Array], optax.apply_updates(params, updates))
         for variable, name, gradient in zip(self._params, names, grads, strict=True):
             if gradient is not None:
-                variable.assign(new_params[name])
+                # Projected after the update, as TensorFlow's and Keras's optimizers do.
+                variable.assign(constrained(variable, new_params[name]))
         new_leaves = [
             jax.random.key_data(leaf) if is_key(leaf) else leaf
             for leaf in jax.tree.leaves(new_state)

@@ -150,13 +150,19 @@ def summary_text(module: Any) -> str:
         return "  ".join(parts).rstrip()
 
     rule = "-" * len(line(["-" * width for width in widths]))
-    text = [type(module).__name__, line(table[0]), rule, *map(line, table[1:]), rule]
+    text = [_title(module), line(table[0]), rule, *map(line, table[1:]), rule]
     return "\n".join(text + [_totals_line(totals)]) + "\n"
+
+
+def _title(module: Any) -> str:
+    """A summary's title: the Module's class, and the name it was given, if any."""
+    given = vars(module).get("_module_name") if isinstance(module, Node) else None
+    return type(module).__name__ + (f" {given!r}" if given is not None else "")
 
 
 def _print_rich(module: Any, file: TextIO) -> None:
     rows, totals = _rows(module)
-    table = Table(title=type(module).__name__, title_justify="left")
+    table = Table(title=_title(module), title_justify="left")
     for column in _COLUMNS:
         right = column in _NUMERIC
         table.add_column(column, justify="right" if right else "left", overflow="fold")
@@ -287,6 +293,9 @@ def _repr_tree(value: Any, depth: int, ancestors: set[int]) -> Any:
             for key, item in vars(value).items()
             if not key.startswith("_") or isinstance(item, (Readable, Node))
         ]
+        given = vars(value).get("_module_name")
+        if given is not None:  # a name given explicitly (see `Module.name`)
+            entries.insert(0, ("name=", given))
         opening, closing = f"{type(value).__name__}(", ")"
     elif isinstance(value, dict):
         entries = [(f"{key!r}: ", item) for key, item in value.items()]

@@ -33,7 +33,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 import jax
 from jax import lax
@@ -165,6 +165,8 @@ class Frame:
         self._contexts: list[Any] = []
         self._generation: _Generation | None = None
         self._python_frame: Any = None
+        # For a statevar.jit frame: whether its trace may create variables (see `Creation`).
+        self.creation: Creation | None = None
 
     def __enter__(self) -> Frame:
         self._python_frame = sys._getframe(1)
@@ -495,17 +497,105 @@ def _innermost_stateless(stack: list[Frame]) -> int:
     return 0
 
 
-def check_creation(name: str) -> None:
-    """Refuses to create a variable while a transformation traces.
+class Creation:
+    """Whether a `statevar.jit` function's traces may create variables, as ``tf.function``
+    lets a function's first trace create them (a Keras-style Module built on its first call,
+    a Generator, an Optimizer's state). One per compiled function, shared by its entries.
+
+    A first trace that creates a variable stops there (`NeedsEagerTrace`) and runs again
+    under `jax.ensure_compile_time_eval`: values not computed from the step's traced
+    arguments are then concrete, and every creation of the first call is made in that one
+    trace, once. The trace that follows, for the compiled program, lifts what it created.
+
+    Attributes:
+      name: the function's name, for messages.
+      open: True until a trace of the function completes: only its first trace creates
+        (a trace for a new input signature may not).
+      eager: the next trace runs the function under `jax.ensure_compile_time_eval`. A
+        trace run so is always traced again, without it, for the compiled program.
+    """
+
+    __slots__ = ("name", "open", "eager")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.open = True
+        self.eager = False
+
+
+class NeedsEagerTrace(Exception):
+    """Stops a `statevar.jit` function's first trace at its first creation of a variable,
+    before anything is created: the trace runs again under `jax.ensure_compile_time_eval`
+    (see `Creation`)."""
+
+
+def check_creation(subject: str) -> Frame | None:
+    """Checks that ``subject`` (``"Variable 'w'"``, a Generator, an Optimizer's state) may be
+    created here: anywhere outside statevar's transformations, and in the first trace of a
+    `statevar.jit` function at the step's own level (see `Creation`).
+
+    Returns:
+      The `statevar.jit` frame creating it (its initial value is then computed under
+      `jax.ensure_compile_time_eval`, see `refuse_traced_initial_value`), or None outside
+      any frame.
 
     Raises:
-      TraceContextError: if a `statevar.jit`, `statevar.grad` or `stateless_call` frame is
-        open.
+      NeedsEagerTrace: in a function's first trace not yet run under
+        `jax.ensure_compile_time_eval`.
+      TraceContextError: inside `statevar.grad` or `stateless_call`; under a JAX
+        transformation inside `statevar.jit` (``lax.cond``, ``lax.scan``, ...); in a trace
+        of a `statevar.jit` function after its first.
     """
-    check_outside(
-        f"create Variable '{name}'",
-        "variables hold state across calls, so create them once, outside the transformed "
-        "function, and assign to them inside it (as tf.function requires).",
+    frame = innermost()
+    if frame is None:
+        return None
+    if frame.kind != "jit":
+        where = "statevar.grad" if frame.kind == "grad" else "statevar.stateless_call"
+        raise TraceContextError(
+            f"Cannot create {subject} inside {where}: a variable holds state across calls, "
+            f"and {where} runs its function anew at each call. Create it outside the "
+            "function (a statevar.jit step may create variables in its first trace, as "
+            "tf.function does, but not inside a gradient)."
+        )
+    creation = frame.creation
+    step = f"the statevar.jit function {creation.name!r}" if creation else "a statevar.jit step"
+    nested = _nesting.traces_below(frame)
+    if nested:
+        transformations = [_nesting.transformation_of(t) for t in nested]
+        named = next((t for t in transformations if t), "a JAX transformation")
+        raise TraceContextError(
+            f"Cannot create {subject} under {named} inside {step}: JAX traces a branch or "
+            "loop body whether or not it runs, so the variable would exist either way. "
+            f"Create it at the step's own level, before the {named.split(' ')[0]}."
+        )
+    if creation is None or not creation.open:
+        raise TraceContextError(
+            f"Cannot create {subject} inside {step} after its first trace: a step creates "
+            "its variables once, in its first trace, as tf.function does. This trace is for "
+            "a new input signature, or the function creates a variable on every call. "
+            "Create it on the first call only (if self.kernel is None: ...), or outside "
+            "the step."
+        )
+    if not creation.eager:
+        raise NeedsEagerTrace()
+    return frame
+
+
+def refuse_traced_initial_value(frame: Frame, subject: str) -> NoReturn:
+    """Refuses a variable's initial value that is traced in ``frame``'s first trace, run
+    under `jax.ensure_compile_time_eval`: it depends on the step's traced arguments (or on a
+    variable's value in the step).
+
+    Raises:
+      TraceContextError: always.
+    """
+    creation = frame.creation
+    step = f"the statevar.jit function {creation.name!r}" if creation else "a statevar.jit step"
+    raise TraceContextError(
+        f"Cannot create {subject} inside {step} from a traced value: its initial value "
+        "depends on the step's arguments or on a variable's value in the step, as "
+        "tf.function refuses. Compute it from shapes, constants and keys (for example "
+        "jnp.zeros((x.shape[-1], 4))), or create it from those and assign the traced value."
     )
 
 

@@ -242,6 +242,40 @@ def failed_update(
     raise error
 
 
+def with_keywords(
+    variable: Any,
+    update: Any,
+    value: Any,
+    use_locking: Any,
+    name: Any,
+    read_value: Any,
+    operation: Operation,
+) -> Any:
+    """Runs ``update(variable, value)`` for a call given TensorFlow's keywords: checks them
+    first (a refused call changes nothing), then returns the variable, or None for
+    ``read_value=False``. ``use_locking`` changes nothing (every update is atomic already),
+    nor does ``name`` (no graph op to name).
+
+    Raises:
+      TypeError: if ``read_value`` or ``use_locking`` is not a bool (``use_locking`` may
+        be None), or ``name`` is not a str or None.
+    """
+    action = f"Cannot {operation.phrase} Variable '{variable.name}' with"
+    if not isinstance(read_value, (bool, np.bool_)):
+        raise TypeError(
+            f"{action} read_value={read_value!r}: expected True (return the variable) or "
+            "False (return None)"
+        )
+    if use_locking is not None and not isinstance(use_locking, (bool, np.bool_)):
+        raise TypeError(f"{action} use_locking={use_locking!r}: expected True, False or None")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(
+            f"{action} name={name!r}: expected a str or None (the name of the operation)"
+        )
+    update(variable, value)
+    return variable if read_value else None
+
+
 def check_operation(variable: Any, operation: Operation) -> None:
     """Refuses arithmetic on a bool variable, as tf.Variable does (JAX would give a
     logical or for assign_add, and an error naming no variable for assign_sub).

@@ -8,7 +8,7 @@ import itertools
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias, overload
 
 import jax
 
@@ -60,7 +60,52 @@ def keep_sharding(variable: Variable, value: Any) -> Any:
     return value
 
 
-def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], Variable]:
+class BoundUpdate(Protocol):
+    """The type of ``v.assign``, ``v.assign_add`` and ``v.assign_sub``: the variable back,
+    or None with ``read_value=False``."""
+
+    @overload
+    def __call__(
+        self,
+        value: jax.typing.ArrayLike | Readable,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: Literal[True] = True,
+    ) -> Variable: ...
+
+    @overload
+    def __call__(
+        self,
+        value: jax.typing.ArrayLike | Readable,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        *,
+        read_value: Literal[False],
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self,
+        value: jax.typing.ArrayLike | Readable,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Variable | None: ...
+
+
+class Update(Protocol):
+    """An eager update as a method of `Variable` (see `BoundUpdate`)."""
+
+    @overload
+    def __get__(self, instance: None, owner: Any) -> Callable[..., Any]: ...
+
+    @overload
+    def __get__(self, instance: Variable, owner: Any) -> BoundUpdate: ...
+
+    def __get__(self, instance: Variable | None, owner: Any) -> Any: ...
+
+
+def _eager_update(operation: Operation, doc: str) -> Update:
     """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`,
     `ASSIGN_SUB`): the eager hot path, with everything else left to `Variable._update`.
 
@@ -73,10 +118,21 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
     respect to exceptions raised at any bytecode (``KeyboardInterrupt``, a signal
     handler's): the variable then holds its old or its new array, never a deleted one.
     """
-    name, donating = operation.name, operation.donating
+    method_name, donating = operation.name, operation.donating
     slot = HOT_SLOTS[operation]
 
-    def update(self: Variable, value: jax.typing.ArrayLike | Variable) -> Variable:
+    def update(
+        self: Variable,
+        value: jax.typing.ArrayLike | Variable,
+        use_locking: bool | None = None,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> Variable | None:
+        if use_locking is not None or name is not None or read_value is not True:
+            # TensorFlow's keywords: checked, then the update without them.
+            return _updating.with_keywords(
+                self, update, value, use_locking, name, read_value, operation
+            )
         # Acquired inside the try, so that an exception landing right after acquiring still
         # releases; cheaper than `with _update_lock`. The checks run under the lock too:
         # another thread may replace the array (commit or reshard it) in between.
@@ -130,16 +186,17 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
             except RuntimeError:
                 pass  # acquire itself was interrupted while waiting: nothing to release
 
-    update.__name__ = update.__qualname__ = name
+    update.__name__ = update.__qualname__ = method_name
     update.__doc__ = doc
-    return update
+    return update  # pyright: ignore[reportReturnType]  (a function binds as `Update` says)
 
 
 class Variable(RefusedInPlace, Readable):
     """A mutable cell holding an immutable `jax.Array`, in the manner of ``tf.Variable``.
 
-    A Variable works wherever an array does (operators, NumPy, ``jnp`` functions, plain
-    ``jax.jit`` arguments) and is updated in place with `assign`, `assign_add`,
+    A Variable works as an array does with operators, NumPy, ``jnp`` functions and plain
+    ``jax.jit`` arguments (`jax.lax` functions, and ``jax.nn.sigmoid``, take ``v.value``),
+    and is updated in place with `assign`, `assign_add`,
     `assign_sub` and ``v[index] = x``. Updates run as cached jitted functions that donate
     the old buffer when nothing else holds it, so a large variable is updated without a
     second copy; an array read earlier is never deleted or changed by a later update.
@@ -182,14 +239,22 @@ class Variable(RefusedInPlace, Readable):
         with ``synchronization="on_read"``. ``"none"`` (or None) otherwise; other
         variables keep the setting (``v.aggregation``) without using it. TensorFlow's
         enum members (``tf.VariableAggregation.SUM``) are accepted by name too.
+      constraint: a function from the variable's value to its projection, of the same
+        shape (``lambda w: jnp.clip(w, 0.0, 1.0)``), that an `Optimizer` applies after each
+        of its updates of the variable, eagerly and in compiled steps, as TensorFlow's and
+        Keras's optimizers do. A plain `assign` does not apply it. Read it as
+        ``v.constraint``.
 
     Raises:
       TypeError: if ``initial_value`` is not numeric or cannot be converted to ``dtype``,
-        or both ``device`` and ``sharding`` are given, or an on-read variable has a dtype
-        its aggregation cannot combine (a mean of integers, a sum of bools).
+        or both ``device`` and ``sharding`` are given, or ``constraint`` is not callable,
+        or an on-read variable has a dtype its aggregation cannot combine (a mean of
+        integers, a sum of bools).
       ValueError: if ``synchronization`` or ``aggregation`` is unknown, or an on-read
         variable is asked to be trainable or lacks an aggregation.
-      TraceContextError: if created while `statevar.jit` or `statevar.grad` traces.
+      TraceContextError: if created while `statevar.grad` or `stateless_call` traces, or
+        while `statevar.jit` traces other than at the step's own level in its first trace,
+        or from a value traced there (see `statevar.jit`).
       PlacementError: if ``device`` does not exist and soft placement is off, or the
         sharding does not fit (an axis the mesh lacks, a dimension the axis does not
         divide, a spec longer than the rank, a spec without a mesh to resolve it), or an
@@ -229,7 +294,9 @@ class Variable(RefusedInPlace, Readable):
         sharding: jax.sharding.Sharding | jax.sharding.PartitionSpec | tuple | None = None,
         synchronization: str = "auto",
         aggregation: str | None = None,
+        constraint: Callable[[jax.Array], jax.Array] | None = None,
     ):
+        _creation.check_constraint(name if name is not None else "Variable", constraint)
         state = _creation.initial_state(
             self,
             initial_value,
@@ -242,6 +309,8 @@ class Variable(RefusedInPlace, Readable):
             aggregation=aggregation,
         )
         self._name, self._trainable = name, state.trainable
+        if constraint is not None:
+            self._constraint = constraint
         if state.synchronization != "auto" or state.aggregation != "none":
             self._synchronization, self._aggregation = state.synchronization, state.aggregation
         self._forget_compiled()
@@ -250,6 +319,15 @@ class Variable(RefusedInPlace, Readable):
         _placement.log(self.name, "create", self._value.sharding)
 
     # ----------------------------------------------------------------- properties
+
+    _constraint: Callable[[jax.Array], jax.Array] | None = None
+
+    @property
+    def constraint(self) -> Callable[[jax.Array], jax.Array] | None:
+        """The projection an Optimizer applies to the variable's value after each of its
+        updates (``constraint=`` at creation), or None. A plain `assign` does not apply it,
+        as in TensorFlow."""
+        return self._constraint
 
     @property
     def trainable(self) -> bool:
@@ -392,14 +470,21 @@ class Variable(RefusedInPlace, Readable):
         its shape. Donates the old buffer when nothing else holds it; arrays read earlier
         stay valid.
 
+        Takes ``tf.Variable.assign``'s keywords too: ``use_locking`` (accepted: every update
+        is atomic already), ``name`` (no operation to name) and ``read_value``.
+
         Args:
           value: the new value.
+          use_locking: True, False or None; changes nothing.
+          name: a str or None; changes nothing.
+          read_value: False to return None rather than the variable.
 
         Returns:
-          The variable itself.
+          The variable itself, or None with ``read_value=False``.
 
         Raises:
-          TypeError: if the conversion would lose information (1.5 into int32).
+          TypeError: if the conversion would lose information (1.5 into int32), or a
+            keyword is of the wrong type (checked before anything changes).
           ValueError: if the value does not broadcast to the variable's shape.
           StatevarError: in a signal handler that interrupted another update, which would
             store its result over this one.
@@ -407,14 +492,16 @@ class Variable(RefusedInPlace, Readable):
     )
     assign_add = _eager_update(
         ASSIGN_ADD,
-        """Adds ``delta`` in place, atomically; see `assign` for conversions and errors.
+        """Adds ``delta`` in place, atomically; see `assign` for conversions, keywords
+        (``use_locking``, ``name``, ``read_value``) and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
         """,
     )
     assign_sub = _eager_update(
         ASSIGN_SUB,
-        """Subtracts ``delta`` in place, atomically; see `assign` for conversions and errors.
+        """Subtracts ``delta`` in place, atomically; see `assign` for conversions, keywords
+        (``use_locking``, ``name``, ``read_value``) and errors.
 
         Donates the old buffer when nothing else holds it; arrays read earlier stay valid.
         """,
@@ -522,7 +609,13 @@ class Variable(RefusedInPlace, Readable):
         """A new variable holding a copy of the value, with the same name, trainable flag
         and placement."""
         value = self._read()
-        copied = Variable(value, trainable=self._trainable, name=self._name, device=self.sharding)
+        copied = Variable(
+            value,
+            trainable=self._trainable,
+            name=self._name,
+            device=self.sharding,
+            constraint=self._constraint,
+        )
         if not value.committed:
             # Placed nowhere: so is the copy, on the same device (JAX runs work on
             # uncommitted arrays on its default device). Stored as it is: no compiled step

@@ -279,15 +279,21 @@ class View(RebindingInPlace, Readable):
         # Still a view (of the same immutable value): a copied Module keeps its variables.
         return View.tree_unflatten((self._name, self._trainable), (self._value,))
 
-    def assign(self, value: Any) -> NoReturn:
+    def assign(
+        self, value: Any, use_locking: Any = None, name: Any = None, read_value: Any = True
+    ) -> NoReturn:
         """Refuses: a view is read-only (update the Variable itself)."""
         self._refuse(ASSIGN)
 
-    def assign_add(self, delta: Any) -> NoReturn:
+    def assign_add(
+        self, delta: Any, use_locking: Any = None, name: Any = None, read_value: Any = True
+    ) -> NoReturn:
         """Refuses: a view is read-only (update the Variable itself)."""
         self._refuse(ASSIGN_ADD)
 
-    def assign_sub(self, delta: Any) -> NoReturn:
+    def assign_sub(
+        self, delta: Any, use_locking: Any = None, name: Any = None, read_value: Any = True
+    ) -> NoReturn:
         """Refuses: a view is read-only (update the Variable itself)."""
         self._refuse(ASSIGN_SUB)
 

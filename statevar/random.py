@@ -22,6 +22,7 @@ import numpy as np
 from . import _nesting, _trace
 from . import _random_args as args
 from ._convert import Tracer
+from ._creation import creating
 from ._errors import TraceContextError
 from ._module import Module
 from ._state import STATE
@@ -98,9 +99,10 @@ class Generator(Module):
     """
 
     def __init__(self, seed: int | jax.Array, *, name: str | None = None):
-        key = args.initial_key(seed, None, "a statevar.random.Generator")
-        self._impl = str(jax.random.key_impl(key))
-        self.state = Variable(jax.random.key_data(key), trainable=False, name=name)
+        with creating("a statevar.random.Generator"):  # named so where it cannot be made
+            key = args.initial_key(seed, None, "a statevar.random.Generator")
+            self._impl = str(jax.random.key_impl(key))
+            self.state = Variable(jax.random.key_data(key), trainable=False, name=name)
 
     @classmethod
     def from_seed(

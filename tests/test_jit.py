@@ -906,16 +906,165 @@ def test_a_wrapper_of_a_compiled_function_is_followed_for_its_own_variables():
     assert (float(inner_total), float(outer_total), len(traces)) == (3.0, 3.0, 1)
 
 
-def test_creating_a_variable_inside_jit_is_refused():
+class LazyDense(statevar.Module):
+    """Keras-style: the kernel's shape comes from the first input."""
+
+    def __init__(self, units):
+        self.units = units
+        self.kernel = None
+        self.bias = None
+        self.builds = 0
+
+    def __call__(self, x):
+        if self.kernel is None:
+            self.bias = statevar.Variable(jnp.zeros(self.units), name="bias")
+            init = jax.random.normal(jax.random.key(0), (x.shape[-1], self.units))
+            self.kernel = statevar.Variable(init * 0.1, name="kernel")
+            self.builds += 1  # counts the variables made (a trace may stop before)
+        return x @ self.kernel + self.bias
+
+
+def _plain_sgd_losses(x, y, steps):
+    kernel = jax.random.normal(jax.random.key(0), (x.shape[-1], 2)) * 0.1
+    bias, losses = jnp.zeros(2), []
+    for _ in range(steps):
+        loss, (dk, db) = jax.value_and_grad(
+            lambda k, b: jnp.mean((x @ k + b - y) ** 2), argnums=(0, 1)
+        )(kernel, bias)
+        kernel, bias = kernel - 0.1 * dk, bias - 0.1 * db
+        losses.append(float(loss))
+    return losses, kernel
+
+
+def test_a_module_built_on_its_first_call_trains_under_jit_as_tf_function_allows():
+    model = LazyDense(2)
+    traces = []
+
     @statevar.jit
-    def make():
-        return statevar.Variable(1.0, name="fresh").value
+    def step(x, y):
+        traces.append(None)
+        model(x)  # builds on the first call: statevar.grad creates nothing
+        loss, grads = statevar.value_and_grad(lambda: jnp.mean((model(x) - y) ** 2), model)()
+        for variable in model.trainable_variables:
+            variable.assign_sub(0.1 * grads[variable.name])
+        return loss
+
+    x, y = jnp.ones((4, 3)), jnp.zeros((4, 2))
+    losses = [float(step(x, y)) for _ in range(4)]
+    first_call_traces = len(traces)
+    expected, kernel = _plain_sgd_losses(x, y, 4)
+    chex.assert_trees_all_close(losses, expected, rtol=1e-5)
+    chex.assert_trees_all_close(model.kernel.value, kernel, rtol=1e-5)
+    assert model.builds == 1  # created once, though the first call traced more than once
+    assert first_call_traces == 3  # stopped at the creation, created, then the step's own
+    assert [v.name for v in model.variables] == ["kernel", "bias"]
+    # Later calls reuse them, lifted and donated like any variable.
+    (arrays, _), _ = step.lower(x, y).args_info
+    assert [(a.shape, a.donated) for a in arrays] == [((3, 2), True), ((2,), True)]
+
+
+def test_a_module_argument_built_on_its_first_call_is_created_once():
+    model = LazyDense(2)
+
+    @statevar.jit
+    def predict(model, x):
+        return model(x)
+
+    first = predict(model, jnp.ones((1, 3)))
+    model.bias.assign([1.0, 1.0])
+    second = predict(model, jnp.ones((1, 3)))
+    chex.assert_trees_all_close(second, first + 1.0)
+    assert model.builds == 1
+
+
+def test_variables_made_from_concrete_values_or_initializers_in_a_first_trace():
+    made = {}
+
+    @statevar.jit
+    def count(x):
+        if not made:
+            made["total"] = statevar.Variable(np.zeros(2, np.float32), name="total")
+            made["calls"] = statevar.Variable(lambda: jnp.zeros((), jnp.int32), name="calls")
+        made["total"].assign_add(x)
+        made["calls"].assign_add(1)
+        return made["total"].value
+
+    count(jnp.ones(2))
+    chex.assert_trees_all_close(count(jnp.ones(2)), jnp.array([2.0, 2.0]))
+    assert int(made["calls"]) == 2 and not made["total"].value.is_deleted()
+
+
+def test_a_variable_created_on_every_call_is_refused_when_traced_again():
+    @statevar.jit
+    def every_call(x):
+        return statevar.Variable(jnp.zeros(2), name="fresh") + x
 
     with pytest.raises(
         statevar.TraceContextError,
-        match="Cannot create Variable 'fresh' inside statevar.jit.*outside",
+        match=r"Cannot create Variable 'fresh' inside the statevar.jit function 'every_call' "
+        r"after its first trace: .*as tf.function does.*function creates a variable on "
+        r"every call",
     ):
-        make()
+        every_call(jnp.ones(2))
+
+
+def test_a_variable_created_for_a_new_input_signature_is_refused():
+    made = {}
+
+    @statevar.jit
+    def per_shape(x):
+        if x.shape not in made:
+            made[x.shape] = statevar.Variable(jnp.zeros(x.shape), name=f"total{len(made)}")
+        made[x.shape].assign_add(x)
+        return made[x.shape].value
+
+    per_shape(jnp.ones(2))
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot create Variable 'total1' inside the statevar.jit function 'per_shape' "
+        r"after its first trace: .*a new input signature",
+    ):
+        per_shape(jnp.ones(3))
+    assert list(made) == [(2,)]  # no half-made variable
+    chex.assert_trees_all_close(per_shape(jnp.ones(2)), jnp.array([2.0, 2.0]))
+
+
+def test_a_variable_created_from_a_traced_value_is_refused():
+    made = {}
+    total = statevar.Variable(1.0, name="total")
+
+    @statevar.jit
+    def from_argument(x):
+        made["doubled"] = statevar.Variable(x * 2, name="doubled")
+        total.assign_add(1.0)
+
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot create Variable 'doubled' inside the statevar.jit function "
+        r"'from_argument' from a traced value: .*depends on the step's arguments",
+    ):
+        from_argument(jnp.ones(2))
+    assert made == {} and float(total) == 1.0
+
+
+def test_a_variable_created_under_lax_cond_in_a_first_trace_is_refused():
+    made = {}
+
+    @statevar.jit
+    def in_cond(x):
+        def branch(x):
+            made["flag"] = statevar.Variable(1.0, name="flag")
+            return x
+
+        return jax.lax.cond(x.sum() > 0, branch, lambda x: x, x)
+
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot create Variable 'flag' under cond inside the statevar.jit function "
+        r"'in_cond': .*whether or not it runs.*before the cond",
+    ):
+        in_cond(jnp.ones(2))
+    assert made == {}
 
 
 def test_donate_argnums_is_refused():

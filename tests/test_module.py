@@ -121,3 +121,60 @@ def test_a_container_holding_itself_is_walked_once():
 
     assert list(module.named_variables()) == ["items/0"]
     assert module.variables == (module.items[0],)
+
+
+class NamedDense(statevar.Module):
+    def __init__(self, name=None):
+        super().__init__(name=name)
+        self.kernel = statevar.Variable([[1.0], [2.0]])
+
+
+class MLPBlock(statevar.Module):
+    def __init__(self):  # never calls super().__init__
+        self.dense = NamedDense(name="encoder")
+
+
+def test_module_name_defaults_to_the_class_name_in_snake_case():
+    assert MLPBlock().name == "mlp_block"
+    assert NamedDense().name == "named_dense"
+    assert statevar.Module().name == "module"
+    assert Model().name == "model"
+
+
+def test_module_takes_a_name_as_tf_module_does():
+    block = MLPBlock()
+    assert block.dense.name == "encoder"
+    assert statevar.Module(name="head").name == "head"
+    # The variables keep their paths: the name is the Module's own.
+    assert list(block.named_variables()) == ["dense/kernel"]
+
+
+def test_a_given_name_shows_in_repr_and_summary(capsys):
+    block = MLPBlock()
+    expected = "MLPBlock(dense=NamedDense(name='encoder', kernel=Variable(float32[2,1])))"
+    assert repr(block) == expected
+    assert "name=" not in repr(NamedDense())
+    block.dense.summary()
+    assert capsys.readouterr().out.splitlines()[0] == "NamedDense 'encoder'"
+    NamedDense().summary()
+    assert capsys.readouterr().out.splitlines()[0] == "NamedDense"
+
+
+def test_a_module_name_survives_a_tree_map():
+    import jax
+
+    mapped = jax.tree.map(lambda x: x * 2, MLPBlock())
+    assert mapped.dense.name == "encoder"
+    assert mapped.name == "mlp_block"
+
+
+@pytest.mark.parametrize(
+    ("name", "error", "match"),
+    [
+        (3, TypeError, r"name of Module NamedDense to be a str, got int 3"),
+        ("2nd layer", ValueError, r"Cannot name Module NamedDense '2nd layer'.*identifier"),
+    ],
+)
+def test_a_bad_module_name_is_refused(name, error, match):
+    with pytest.raises(error, match=match):
+        NamedDense(name=name)

@@ -563,18 +563,39 @@ def test_an_unbuilt_optimizer_says_how_to_build_it():
         statevar.save("never_written", opt)
 
 
-def test_building_inside_a_compiled_step_is_refused_with_the_fix():
+def test_an_optimizer_first_applied_inside_a_compiled_step_builds_there():
+    w = statevar.Variable([1.0, 2.0], name="w")
+    eager_w = statevar.Variable([1.0, 2.0], name="w")
+    opt, eager = statevar.Optimizer(optax.adam(0.1)), statevar.Optimizer(optax.adam(0.1))
+
+    @statevar.jit
+    def step(gradient):
+        opt.apply_gradients([(gradient, w)])
+
+    for gradient in (jnp.ones(2), jnp.array([0.5, -1.0]), jnp.ones(2)):
+        step(gradient)
+        eager.apply_gradients([(gradient, eager_w)])
+    assert opt.built
+    chex.assert_trees_all_close(w.value, eager_w.value)
+    chex.assert_trees_all_close(
+        [v.value for v in opt.state_variables], [v.value for v in eager.state_variables]
+    )
+    assert int(opt.iterations) == 3
+
+
+def test_building_inside_grad_is_refused():
     w = statevar.Variable([1.0], name="w")
     opt = statevar.Optimizer(optax.sgd(0.1))
 
-    @statevar.jit
-    def step():
-        opt.apply_gradients([(jnp.ones(1), w)])
+    def loss():
+        opt.build([w])
+        return jnp.sum(w * w)
 
     with pytest.raises(
-        statevar.TraceContextError, match=r"Cannot build Optimizer 'optimizer' inside statevar.jit"
+        statevar.TraceContextError,
+        match=r"Cannot create the state of Optimizer 'optimizer' inside statevar.grad",
     ):
-        step()
+        statevar.grad(loss, w)()
     assert not opt.built
 
 
@@ -841,3 +862,48 @@ def test_a_transformation_whose_state_holds_a_prng_key_matches_optax(compiled, t
     fresh = statevar.Variable([1.0, 2.0, 3.0], name="w")
     statevar.Optimizer(tx, [fresh]).apply([grads])
     assert not np.array_equal(after_one, fresh.numpy())  # the key had moved on
+
+
+def _clip_unit(x):
+    return jnp.clip(x, 0.0, 1.0)
+
+
+def test_an_optimizer_applies_a_variables_constraint_after_each_update():
+    w = statevar.Variable([0.5, -0.5, 2.0], name="w", constraint=_clip_unit)
+    free = statevar.Variable([0.5, -0.5, 2.0], name="free")
+    assert w.constraint is _clip_unit and free.constraint is None
+    optimizer = statevar.Optimizer(optax.sgd(1.0), [w, free])
+    optimizer.apply_gradients([(jnp.array([1.0, -1.0, 0.0]), w), (jnp.ones(3), free)])
+    chex.assert_trees_all_close(w.value, jnp.array([0.0, 0.5, 1.0]))
+    chex.assert_trees_all_close(free.value, jnp.array([-0.5, -1.5, 1.0]))
+
+    @statevar.jit
+    def step(gradient):
+        optimizer.apply_gradients([(gradient, w)])
+
+    step(jnp.array([-5.0, 0.25, 0.0]))
+    chex.assert_trees_all_close(w.value, jnp.array([1.0, 0.25, 1.0]))
+    step(jnp.array([5.0, 0.0, 0.0]))
+    chex.assert_trees_all_close(w.value, jnp.array([0.0, 0.25, 1.0]))
+
+
+def test_a_plain_assign_does_not_apply_the_constraint():
+    w = statevar.Variable([0.5], name="w", constraint=_clip_unit)
+    w.assign([3.0])
+    chex.assert_trees_all_close(w.value, jnp.array([3.0]))
+    assert copy.deepcopy(w).constraint is _clip_unit
+
+
+def test_a_constraint_that_changes_the_shape_is_refused_and_changes_nothing():
+    w = statevar.Variable([0.5, 0.5], name="w", constraint=jnp.sum)
+    optimizer = statevar.Optimizer(optax.sgd(1.0), [w])
+    with pytest.raises(ValueError, match=r"constraint of Variable 'w' returned .* shape \(\)"):
+        optimizer.apply_gradients([(jnp.ones(2), w)])
+    chex.assert_trees_all_close(w.value, jnp.array([0.5, 0.5]))
+    assert int(optimizer.iterations) == 0
+
+
+def test_a_constraint_that_is_not_callable_is_refused():
+    match = r"Cannot create Variable 'w' with constraint=1\.0: expected a function"
+    with pytest.raises(TypeError, match=match):
+        statevar.Variable(1.0, name="w", constraint=1.0)

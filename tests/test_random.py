@@ -524,9 +524,39 @@ def test_bad_arguments_are_refused_and_leave_the_key(call, error, message):
     np.testing.assert_array_equal(key_data(gen), before)
 
 
-def test_creating_a_generator_inside_a_compiled_step_is_refused():
-    with pytest.raises(statevar.TraceContextError, match="Cannot create Variable"):
-        statevar.jit(lambda: Generator(seed=0).normal())()
+def test_a_generator_created_in_a_compiled_steps_first_call_draws_as_one_made_outside():
+    made = {}
+
+    @statevar.jit
+    def draw():
+        if not made:
+            made["gen"] = Generator(seed=3)
+        return made["gen"].normal((2,))
+
+    reference = Generator(seed=3)
+    for _ in range(3):
+        np.testing.assert_array_equal(draw(), reference.normal((2,)))
+    np.testing.assert_array_equal(key_data(made["gen"]), key_data(reference))
+
+
+def test_a_generator_created_where_it_cannot_be_is_named_as_the_generator():
+    w = statevar.Variable(1.0, name="w")
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot create a statevar.random.Generator inside statevar.grad: ",
+    ):
+        statevar.grad(lambda: Generator(seed=0).normal(()) * w, w)()
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot create a statevar.random.Generator \(its Variable 'noise'\) inside "
+        r"the statevar.jit function '<lambda>' after its first trace",
+    ):
+        statevar.jit(lambda: Generator(seed=0, name="noise").normal(()))()
+    with pytest.raises(
+        statevar.TraceContextError,
+        match=r"Cannot create a statevar.random.Generator from a traced value inside a JAX",
+    ):
+        jax.jit(lambda: Generator(seed=0).normal(()))()
 
 
 def test_threads_drawing_at_once_never_share_a_key():

@@ -602,7 +602,9 @@ def test_creating_a_variable_inside_a_nested_transformation_is_refused():
         return jax.lax.cond(x > 0, lambda: statevar.Variable(1.0, name="made").value, lambda: x)
 
     with pytest.raises(
-        statevar.TraceContextError, match=r"Cannot create Variable 'made' inside statevar.jit"
+        statevar.TraceContextError,
+        match=r"Cannot create Variable 'made' under cond inside the statevar.jit function "
+        r"'step': .*before the cond",
     ):
         step(1.0)
 

@@ -35,10 +35,16 @@ total: jax.Array = v + 1
 total = 1 + v
 total = -v
 total = abs(v) * 2 - v / 3 @ jnp.ones(())
+total = v + [1.0, 1.0]
+total = v * (2.0, 2.0)
+total = (2.0, 2.0) - v
+total = [[1.0, 2.0]] @ v
 mask: jax.Array = v < 0
 same: jax.Array = v == v
 updated: statevar.Variable = v.assign_add(1.0)
 v.assign(v * 2)
+nothing: None = v.assign_sub(1.0, read_value=False)
+again: statevar.Variable = v.assign(3.0, use_locking=True, name="set")
 as_float: float = float(v)
 
 model = Dense(2)

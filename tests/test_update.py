@@ -1161,3 +1161,40 @@ def test_jax_array_private_attributes_the_hot_path_reads():
     # ``committed`` property) to tell an uncommitted value from a committed one.
     assert jnp.ones(2)._committed is False
     assert jax.device_put(jnp.ones(2), jax.devices()[0])._committed is True
+
+
+@pytest.mark.parametrize("method", ["assign", "assign_add", "assign_sub"])
+def test_updates_take_tf_keywords(method):
+    v = statevar.Variable([1.0, 2.0], name="v")
+    assert getattr(v, method)(1.0, read_value=False) is None
+    assert getattr(v, method)(1.0, use_locking=True, name="update") is v
+    assert getattr(v, method)(1.0, False, "by_position", True) is v
+    expected = {"assign": [1.0, 1.0], "assign_add": [4.0, 5.0], "assign_sub": [-2.0, -1.0]}
+    chex.assert_trees_all_close(v.value, jnp.array(expected[method]))
+
+
+def test_updates_take_tf_keywords_in_a_compiled_step():
+    v = statevar.Variable(1.0, name="v")
+
+    @statevar.jit
+    def step():
+        assert v.assign_add(1.0, read_value=False) is None
+        return v.assign(v * 3, use_locking=True, name="triple").value
+
+    chex.assert_trees_all_close(step(), 6.0)
+    chex.assert_trees_all_close(v.value, 6.0)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "match"),
+    [
+        ({"read_value": "no"}, r"Variable 'v' with read_value='no': expected True"),
+        ({"use_locking": 1}, r"Variable 'v' with use_locking=1: expected True, False"),
+        ({"name": 3}, r"Cannot assign_add to Variable 'v' with name=3: expected a str"),
+    ],
+)
+def test_a_bad_tf_keyword_is_refused_and_changes_nothing(keywords, match):
+    v = statevar.Variable(1.0, name="v")
+    with pytest.raises(TypeError, match=match):
+        v.assign_add(1.0, **keywords)
+    assert float(v) == 1.0

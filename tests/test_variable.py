@@ -307,9 +307,32 @@ def test_an_operand_an_array_does_not_take_gets_its_turn_as_against_an_array():
         assert (v != other) == (array != other)
     assert v == pytest.approx(2.5)  # as pytest users write it
     with pytest.raises(TypeError, match=r"unsupported operand type\(s\) for \+"):
-        v + [1.0]
+        v + ["text"]  # a list no array can hold: refused as against an array
     with pytest.raises(TypeError, match=r"'<' not supported"):
         v < "text"  # noqa: B015
+
+
+def test_python_lists_and_tuples_are_operands_in_both_orders_as_in_tensorflow():
+    """Deliberately unlike a jax.Array, which refuses lists: TensorFlow converts them."""
+    w = statevar.Variable([[1.0], [2.0], [3.0]])
+    v = statevar.Variable([1.0, 2.0])
+    chex.assert_trees_all_close([[1.0, 2.0, 3.0]] @ w, jnp.array([[14.0]]))
+    chex.assert_trees_all_close(v @ [[1.0], [1.0]], jnp.array([3.0]))
+    chex.assert_trees_all_close(v + [1.0, 1.0], jnp.array([2.0, 3.0]))
+    chex.assert_trees_all_close([1.0, 1.0] - v, jnp.array([0.0, -1.0]))
+    chex.assert_trees_all_close((2.0, 2.0) * v, jnp.array([2.0, 4.0]))
+    chex.assert_trees_all_close(v / (2.0, 4.0), jnp.array([0.5, 0.5]))
+    np.testing.assert_array_equal(v == [1.0, 0.0], [True, False])
+    np.testing.assert_array_equal(v < (2, 2), [True, False])
+    with pytest.raises(TypeError, match=r"unsupported operand type\(s\) for \+"):
+        jnp.asarray([1.0, 2.0]) + [1.0, 1.0]  # a jax.Array refuses them
+
+    @statevar.jit
+    def step():
+        v.assign(v * [2.0, 3.0])
+        return [1.0, 1.0] + v
+
+    chex.assert_trees_all_close(step(), jnp.array([3.0, 7.0]))
 
 
 def test_jax_lax_and_indexing_an_array_by_a_variable_need_its_value():
@@ -326,6 +349,22 @@ def test_jax_lax_and_indexing_an_array_by_a_variable_need_its_value():
     assert float(schedule[step.value]) == 2.0
     chex.assert_trees_all_close(jax.lax.exp(statevar.Variable(1.0).value), jnp.exp(1.0))
     assert float(jnp.take(schedule, step)) == 2.0  # jnp functions take it directly
+
+
+def test_jax_nn_functions_built_on_lax_need_the_value_as_the_readme_says():
+    """The README's known limits: ``jax.nn.sigmoid`` (``lax.logistic``) refuses a Variable,
+    as it refuses flax nnx's, while ``relu``, ``softmax``, ``gelu`` and ``tanh`` take one."""
+    from flax import nnx
+
+    v = statevar.Variable([[1.0, -2.0]])
+    array = v.value
+    for function in (jax.nn.relu, jax.nn.softmax, jax.nn.gelu, jnp.tanh, jax.nn.tanh):
+        chex.assert_trees_all_close(function(v), function(array))
+    with pytest.raises(ValueError, match=r"__jax_array__\(\) during abstractification"):
+        jax.nn.sigmoid(v)
+    with pytest.raises(ValueError, match=r"__jax_array__\(\) during abstractification"):
+        jax.nn.sigmoid(nnx.Param(array))
+    chex.assert_trees_all_close(jax.nn.sigmoid(v.value), jax.nn.sigmoid(array))
 
 
 def test_operators_on_what_jax_device_get_makes_of_a_variable_follow_jax():
