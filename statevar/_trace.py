@@ -561,7 +561,7 @@ def check_creation(subject: str) -> Frame | None:
     step = f"the statevar.jit function {creation.name!r}" if creation else "a statevar.jit step"
     nested = _nesting.traces_below(frame)
     if nested:
-        transformations = [_nesting.transformation_of(t) for t in nested]
+        transformations = [_jax.transformation_of(t) for t in nested]
         named = next((t for t in transformations if t), "a JAX transformation")
         raise TraceContextError(
             f"Cannot create {subject} under {named} inside {step}: JAX traces a branch or "
