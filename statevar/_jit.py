@@ -21,6 +21,7 @@ from ._errors import (
     StatevarError,
     TraceContextError,
     interrupted_update_error,
+    release_frames,
 )
 from ._jit_cache import (
     Cache,
@@ -439,33 +440,39 @@ def _calling(compiled: JitFunction) -> Callable[..., Any]:
     accepts = STATE.concrete_argument_types.issuperset
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs and not STATE.open_trace_frames:
-            if accepts(map(type, args)):
-                # Fast path for the common step(x, y): only concrete arrays and scalars, so
-                # the key needs no flatten and no argument can be a tracer. Only calls
-                # without variables, modules or static arguments are compiled under it.
-                entry = entries.get(len(args))
-                if entry is not None:
-                    warm = entry.call
-                    if warm is not None:
-                        result = warm(args)
-                        if type(result) is not Miss:
-                            return result
-                        return missed(len(args), entry, args, result)
-                    return run(len(args), entry, args)
-            else:
-                # Fast path for step(model, x) and methods: arrays, Variables and Modules
-                # seen before, as long as the Modules still hold the same objects. (The types
-                # are mapped again: the array path above, the commoner, builds no tuple.)
-                indexed = find(tuple(map(type, args)), args)
-                if indexed is not None:
-                    key, entry, dynamic = indexed
-                    warm = entry.call
-                    if warm is None:
-                        return run(key, entry, dynamic)
-                    result = warm(dynamic)
-                    return missed(key, entry, dynamic, result) if type(result) is Miss else result
-        return general(*args, **kwargs)
+        try:
+            if not kwargs and not STATE.open_trace_frames:
+                if accepts(map(type, args)):
+                    # Fast path for the common step(x, y): only concrete arrays and scalars, so
+                    # the key needs no flatten and no argument can be a tracer. Only calls
+                    # without variables, modules or static arguments are compiled under it.
+                    entry = entries.get(len(args))
+                    if entry is not None:
+                        warm = entry.call
+                        if warm is not None:
+                            result = warm(args)
+                            if type(result) is not Miss:
+                                return result
+                            return missed(len(args), entry, args, result)
+                        return run(len(args), entry, args)
+                else:
+                    # Fast path for step(model, x) and methods: arrays, Variables and Modules
+                    # seen before, as long as the Modules still hold the same objects. (The types
+                    # are mapped again: the array path above, the commoner, builds no tuple.)
+                    indexed = find(tuple(map(type, args)), args)
+                    if indexed is not None:
+                        key, entry, dynamic = indexed
+                        warm = entry.call
+                        if warm is None:
+                            return run(key, entry, dynamic)
+                        result = warm(dynamic)
+                        return (
+                            missed(key, entry, dynamic, result) if type(result) is Miss else result
+                        )
+            return general(*args, **kwargs)
+        except BaseException as error:
+            release_frames(error)  # a kept error keeps no array (see `release_frames`)
+            raise
 
     return call
 

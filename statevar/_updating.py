@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _copies, _placement, _trace, _update
 from ._convert import Tracer, check_not_deleted, convert_for_update
-from ._errors import DtypeMismatchError, interrupted_update_error
+from ._errors import DtypeMismatchError, interrupted_update_error, release_frames
 from ._signals import held_signals
 from ._state import STATE
 from ._update import ASSIGN, Operation
@@ -39,6 +39,16 @@ def compiled_key(signature: Any, *, committed: bool) -> Any:
 
 
 def update(variable: Any, operation: Operation, value: Any, index: tuple | None = None) -> Any:
+    """Applies ``operation`` in place: the general path (see `_general_update`). An error it
+    raises holds no array of the variable's (see `release_frames`)."""
+    try:
+        return _general_update(variable, operation, value, index)
+    except BaseException as error:
+        release_frames(error)
+        raise
+
+
+def _general_update(variable: Any, operation: Operation, value: Any, index: tuple | None) -> Any:
     """Applies ``operation`` in place: the general path.
 
     Converts and checks ``value`` (a whole-variable update, ``index`` None; setitem and

@@ -14,7 +14,7 @@ import jax
 import jax.extend.core
 
 from . import _creation, _indexing, _placement, _trace, _update, _updating
-from ._errors import TraceContextError
+from ._errors import TraceContextError, release_frames
 from ._operators import RefusedInPlace
 from ._state import STATE
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, Operation
@@ -125,6 +125,11 @@ def _eager_update(operation: Operation, doc: str) -> Callable[[Variable, Any], V
                 return self
             del old  # a reference held here would make the array look shared
             return self._update(operation, value)  # still holding the (reentrant) lock
+        except BaseException as error:
+            # An error the user keeps keeps this frame: it must not keep the old array.
+            old = None  # noqa: F841 (cleared, not used)
+            release_frames(error)
+            raise
         finally:
             try:
                 _release()
@@ -433,7 +438,11 @@ class Variable(RefusedInPlace, Readable):
             function (the slice's size must be known when it compiles).
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
-        _indexing.set_item(self, index, value)
+        try:
+            _indexing.set_item(self, index, value)
+        except BaseException as error:
+            release_frames(error)  # a kept error keeps no array (see `release_frames`)
+            raise
 
     def _update(self, operation: Operation, value: Any, index: tuple | None = None) -> Variable:
         """Applies ``operation`` in place: the general path (see `_updating.update`)."""
@@ -568,5 +577,6 @@ def bulk_store(variables: tuple[Variable, ...]) -> Callable[[Any], Any]:
     MLP step this costs 10% less than a loop of ``setattr`` in C.
     """
     namespace = {f"v{i}": variable for i, variable in enumerate(variables)}
+    namespace["__name__"] = __name__  # a frame `release_frames` clears
     # A code object of its own: Python keeps its caches of global lookups in the code object.
     return types.FunctionType(_bulk_store_code(len(variables)).replace(), namespace, "store")
