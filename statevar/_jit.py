@@ -68,10 +68,8 @@ class JitFunction:
                     "shardings. Place arguments with jax.device_put before the call, and "
                     "results with jax.lax.with_sharding_constraint inside the function"
                 )
-        static = jit_kwargs.pop("static_argnums", ())
-        static = (static,) if isinstance(static, int) else tuple(static)
-        names = jit_kwargs.pop("static_argnames", ())
-        names = (names,) if isinstance(names, str) else tuple(names)
+        static = _static_setting(fn, "static_argnums", jit_kwargs.pop("static_argnums", ()))
+        names = _static_setting(fn, "static_argnames", jit_kwargs.pop("static_argnames", ()))
         # As jax.jit does: a static argument is static whether passed by position or name.
         try:
             parameters = list(inspect.signature(fn).parameters.values())
@@ -345,6 +343,8 @@ class JitFunction:
                 self._check_devices(lifted, arrays, dynamic)
             except PlacementError as refused:
                 return refused
+            if isinstance(error, jax.errors.UnexpectedTracerError):
+                return _trace.escaped_tracer_error(f"The statevar.jit function {self.__name__!r}")
             return error
         debugging = jax.config.jax_debug_nans or jax.config.jax_debug_infs  # pyright: ignore[reportAttributeAccessIssue]
         if debugging and _is_deleted_error(error):
@@ -407,6 +407,28 @@ class JitFunction:
             for leaf in jax.tree.leaves(arg)
         ]
         return frozenset(positions)
+
+
+def _static_setting(fn: Any, setting: str, value: Any) -> tuple:
+    """Returns ``static_argnums`` (ints) or ``static_argnames`` (strs) as a tuple.
+
+    Raises:
+      TypeError: for anything but one of them or an iterable of them.
+    """
+    kind = int if setting == "static_argnums" else str
+    if isinstance(value, kind) and not isinstance(value, bool):
+        return (value,)
+    values = tuple(value) if isinstance(value, (tuple, list, set, frozenset, range)) else None
+    if values is None or not all(
+        isinstance(item, kind) and not isinstance(item, bool) for item in values
+    ):
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise TypeError(
+            f"Cannot compile {name!r} with statevar.jit: expected {setting} to be "
+            f"{'an int' if kind is int else 'a str'} or a sequence of them, got "
+            f"{type(value).__name__} {value!r:.60}"
+        )
+    return values
 
 
 def _is_deleted_error(error: Exception) -> bool:
@@ -518,8 +540,11 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
       The compiled function.
 
     Raises:
-      TypeError: if ``donate_argnums`` or ``donate_argnames`` is given.
-      TraceContextError: if ``fn`` creates a Variable.
+      TypeError: if ``donate_argnums`` or ``donate_argnames`` is given, or
+        ``static_argnums`` or ``static_argnames`` is not an int (a str) or a sequence of
+        them.
+      TraceContextError: if ``fn`` creates a Variable, or assigns (or uses) a tracer that
+        escaped another transformation.
       PlacementError: when called with variables and arguments on different sets of
         devices (before anything is donated).
 

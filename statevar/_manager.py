@@ -28,6 +28,7 @@ from ._checkpoint import (
     background_write_options,
     check_untraced,
     directory_lock,
+    directory_path,
     sync_processes,
 )
 from ._checkpoint_targets import named_variables
@@ -72,7 +73,8 @@ class CheckpointManager:
 
     Raises:
       ValueError: if ``max_to_keep`` is not None or a positive int.
-      TypeError: if ``async_save`` is not a bool.
+      TypeError: if ``directory`` is not a str or an os.PathLike, or ``async_save`` is not
+        a bool.
 
     Example:
       >>> import tempfile, statevar
@@ -102,8 +104,8 @@ class CheckpointManager:
                 f"Expected async_save to be True or False, got {type(async_save).__name__} "
                 f"{async_save!r}"
             )
+        self._directory = directory_path(directory, "create a CheckpointManager")
         self._shown = str(directory)
-        self._directory = pathlib.Path(directory).absolute()
         self._max_to_keep = max_to_keep
         self._async_save = async_save
 

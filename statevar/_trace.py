@@ -37,6 +37,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import jax
 from jax import lax
+from jax.core import Tracer
 from jax.extend.core import find_top_trace, get_opaque_trace_state, set_current_trace
 
 from . import _nesting
@@ -240,6 +241,35 @@ def innermost() -> Frame | None:
     """Returns this thread's innermost frame, or None."""
     stack = getattr(_thread_frames, "stack", None)
     return stack[-1] if stack else None
+
+
+def is_escaped(value: Any) -> bool:
+    """Whether ``value`` is a tracer of no trace running here: one kept by a side effect
+    (appended to a list inside ``jax.jit``, say) after its transformation finished. JAX
+    refuses it only once the step's trace ends, naming no variable."""
+    if not isinstance(value, Tracer):
+        return False
+    own = getattr(value, "_trace", None)
+    if own is None:
+        return False  # a JAX without the attribute: JAX's own error, later
+    trace = find_top_trace(())
+    while trace is not None:
+        if trace is own:
+            return False
+        trace = getattr(trace, "parent_trace", None)
+    return True
+
+
+def escaped_tracer_error(subject: str) -> TraceContextError:
+    """The error for a step (``subject``: ``"The statevar.jit function 'step'"``) that used
+    a tracer escaped from the transformation that made it, which JAX found (see
+    `is_escaped`); nothing was changed."""
+    return TraceContextError(
+        f"{subject} used a tracer that escaped the JAX transformation that made it (kept "
+        "by a side effect, such as appending to a list inside jax.jit), so it holds no "
+        "value; no variable was changed. Return values from transformed functions instead "
+        "of saving them."
+    )
 
 
 def read(var: Lifted) -> Any | None:

@@ -78,6 +78,48 @@ _INSIDE = {
 }
 
 
+_BAD_ARGUMENTS = {
+    "save to a number": (
+        lambda d, v: statevar.save(123, v),
+        r"Cannot save a checkpoint: expected the directory to be a str or an os.PathLike "
+        r"\(a pathlib.Path\), got int 123",
+    ),
+    "restore from a number": (
+        lambda d, v: statevar.restore(123, v),
+        r"Cannot restore a checkpoint: expected the directory to be a str .* got int 123",
+    ),
+    "a manager of bytes": (
+        lambda d, v: statevar.CheckpointManager(b"ckpt"),
+        r"Cannot create a CheckpointManager: expected the directory .* got bytes b'ckpt'",
+    ),
+    "blocking not a bool": (
+        lambda d, v: statevar.save(d / "x", v, blocking="no"),
+        r"Cannot save a checkpoint: expected blocking= to be True or False, got str 'no'",
+    ),
+    "partial not a bool": (
+        lambda d, v: statevar.restore(d / "saved", v, partial=1),
+        r"Cannot restore a checkpoint: expected partial= to be True or False, got int 1",
+    ),
+    "manager partial not a bool": (
+        lambda d, v: statevar.CheckpointManager(d / "managed").restore(v, partial="yes"),
+        r"expected partial= to be True or False, got str 'yes'",
+    ),
+}
+
+
+@pytest.mark.parametrize("call", _BAD_ARGUMENTS.values(), ids=_BAD_ARGUMENTS.keys())
+def test_arguments_of_the_wrong_kind_are_refused_by_name(tmp_path, call):
+    v = statevar.Variable(1.0, name="v")
+    statevar.save(tmp_path / "saved", v)
+    statevar.CheckpointManager(tmp_path / "managed").save(0, v)
+    v.assign(2.0)
+    refused, message = call
+    with pytest.raises(TypeError, match=message):
+        refused(tmp_path, v)
+    assert float(v) == 2.0 and not (tmp_path / "x").exists()
+    assert not any(pathlib.Path().glob("123*")) and not pathlib.Path("ckpt").exists()
+
+
 @pytest.mark.parametrize(
     "transform", [statevar.jit, lambda f: statevar.grad(f, [])], ids=["jit", "grad"]
 )

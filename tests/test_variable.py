@@ -405,10 +405,52 @@ def test_reading_out_of_range_is_refused_as_writing_is(index, error, match):
     chex.assert_trees_all_equal(table[1:10, -1], jnp.array([3.0, 5.0]))  # slices clip
 
 
-def test_an_index_numpy_does_not_take_is_left_to_jax():
+@pytest.mark.parametrize(
+    ("index", "error", "given"),
+    [
+        ("x", TypeError, r"\['x'\]: .*string indexing"),
+        (1.0, TypeError, r"\[1.0\]: .*integer or boolean type"),
+        (jnp.array(1.5), TypeError, r"\[Array\(1.5.*integer or boolean type"),
+        ({}, IndexError, r"\[\{\}\]: .*only integers"),
+        ((0, object()), IndexError, r"\[\(0, <object .*only integers"),
+    ],
+)
+def test_an_index_of_a_kind_jax_refuses_is_named(index, error, given):
+    # JAX's own message names no variable (and, for a str, says "JAX").
     table = statevar.Variable(np.arange(6.0).reshape(3, 2), name="table")
-    with pytest.raises(TypeError):  # JAX's own error, as for a jax.Array
-        table[1.0]
+    with pytest.raises(
+        error,
+        match=r"Cannot read Variable 'table'" + given + r".*the variable's shape is \(3, 2\)",
+    ) as caught:
+        table[index]
+    assert "expected an index of integers, slices" in str(caught.value)
+    chex.assert_trees_all_equal(table.value, jnp.arange(6.0).reshape(3, 2))
+
+
+@pytest.mark.parametrize(
+    ("convert", "kind"), [(int, "int"), (float, "float"), (complex, "complex")]
+)
+def test_converting_a_variable_of_several_elements_to_a_python_number_is_named(convert, kind):
+    v = statevar.Variable([1.0, 2.0], name="pair")
+    with pytest.raises(
+        TypeError,
+        match=rf"Cannot convert Variable 'pair' to a Python {kind}: expected shape \(\), got "
+        r"shape \(2,\)",
+    ):
+        convert(v)
+    with pytest.raises(TypeError, match=r"Variable 'pair' to a Python int"):
+        [10, 20, 30][v]  # __index__
+    assert convert(v[1]) == 2 and int(statevar.Variable(3)) == 3
+
+
+def test_truth_and_iteration_of_a_variable_that_has_none_are_named():
+    with pytest.raises(
+        ValueError, match=r"truth value of Variable 'pair' \(shape \(2,\)\) is ambiguous"
+    ):
+        bool(statevar.Variable([1.0, 2.0], name="pair"))
+    with pytest.raises(TypeError, match=r"Cannot iterate over unsized Variable 'one'"):
+        iter(statevar.Variable(1.0, name="one"))
+    assert bool(statevar.Variable([1.0])) and list(statevar.Variable([1, 2])) == [1, 2]
 
 
 def test_reading_out_of_range_inside_a_compiled_step_is_refused_as_it_traces():
