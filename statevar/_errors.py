@@ -71,6 +71,11 @@ class TraceContextError(StatevarError, RuntimeError):
     """A variable was created or assigned where a transformation forbids it."""
 
 
+class OutOfMemoryError(StatevarError, MemoryError):
+    """A variable's value does not fit in the memory that would hold it: checked from its
+    shape and dtype before anything is converted, copied or placed."""
+
+
 class CopyError(StatevarError, BufferError):
     """An update or a compiled step would copy a variable instead of donating its buffer,
     and the copy policy is ``"raise"`` (see `statevar.set_copy_policy`): a buffer could not
@@ -91,6 +96,13 @@ class CheckpointMismatchError(StatevarError, ValueError):
 
 class CheckpointCorruptedError(StatevarError, ValueError):
     """A checkpoint's data does not match the checksums stored with it."""
+
+
+class CheckpointDamagedError(CheckpointCorruptedError):
+    """A `CheckpointManager` step holds data, but its manifest is missing or unreadable (it
+    was deleted, or replaced by a directory or a dangling link), so it cannot be verified
+    or restored. Restoring without a step raises this rather than restoring an older step
+    silently; pass ``step=`` to restore an older one."""
 
 
 class CheckpointWriteError(StatevarError, OSError):

@@ -196,6 +196,11 @@ class Variable(RefusedInPlace, Readable):
       ValueError: if ``synchronization`` or ``aggregation`` is unknown, or an on-read
         variable is asked to be trainable or lacks an aggregation.
       TraceContextError: if created while `statevar.jit` or `statevar.grad` traces.
+      OutOfMemoryError: (a MemoryError) if the value cannot fit where it would be held,
+        found from its shape and dtype before anything is read, converted or copied: the
+        host's memory for a value converted there, each device's memory for its shard
+        (the allocator's limit where JAX reports it, ``device.memory_stats()``), or the
+        memory free now when an allocation fails.
       PlacementError: if ``device`` does not exist and soft placement is off, or the
         sharding does not fit (an axis the mesh lacks, a dimension the axis does not
         divide, a spec longer than the rank, a spec without a mesh to resolve it), or an
