@@ -263,12 +263,14 @@ def check_size(label: str, shape: Any, dtype: Any, target: Any, *, on_host: bool
         devices = list(target.addressable_devices)
     else:
         per_device, devices = total, [target if target is not None else default_device()]
-    # (bytes needed, (bytes there are, where), the way out)
-    needs = [(total, (host_memory(), "the memory of this host, where it is converted first"), HOST)]
-    needs = needs if on_host else []
-    needs += [(per_device, device_memory(device), DEVICE) for device in devices]
+    # (bytes needed, (bytes there are, where) or None if unknown, the way out)
+    needs = [(per_device, device_memory(device), DEVICE) for device in devices]
+    host = host_memory() if on_host else None
+    if host is not None:
+        where = "the memory of this host, where it is converted first"
+        needs.insert(0, (total, (host, where), HOST))
     for count, memory, way_out in needs:
-        if memory is None or memory[0] is None or count <= memory[0]:
+        if memory is None or count <= memory[0]:
             continue
         limit, where = memory
         each = "" if count == total else f" ({count:,} bytes on each of its devices)"

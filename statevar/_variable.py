@@ -581,7 +581,7 @@ def bulk_store(variables: tuple[Variable, ...]) -> Callable[[Any], Any]:
     consumes the iterator in C): every variable holds its old array or its new one. On an
     MLP step this costs 10% less than a loop of ``setattr`` in C.
     """
-    namespace = {f"v{i}": variable for i, variable in enumerate(variables)}
+    namespace: dict[str, Any] = {f"v{i}": variable for i, variable in enumerate(variables)}
     namespace["__name__"] = __name__  # a frame `release_frames` clears
     # A code object of its own: Python keeps its caches of global lookups in the code object.
     return types.FunctionType(_bulk_store_code(len(variables)).replace(), namespace, "store")
