@@ -118,6 +118,8 @@ def run_kernel(
     Raises:
       StatevarError: in a signal handler that interrupted a donating update (see
         `ProcessState.donating`).
+      CopyError: under the copy policy ``"raise"``; like every error raised here, it
+        holds no array of the variable's (see `release_frames`).
     """
     with _update_lock:
         if STATE.donating:
@@ -126,6 +128,10 @@ def run_kernel(
             # Set before the reference count is read (see `ProcessState.donating`).
             STATE.donating = True
             _run_kernel_locked(variable, operation, kernels, signature, value, operands)
+        except BaseException as error:
+            # Its frames hold the old array: a kept error must not (see `release_frames`).
+            release_frames(error)
+            raise
         finally:
             STATE.donating = False
 
