@@ -9,12 +9,14 @@ from ._copies import CopyWarning as CopyWarning
 from ._copies import copy_policy as copy_policy
 from ._copies import set_copy_policy as set_copy_policy
 from ._errors import CheckpointCorruptedError as CheckpointCorruptedError
+from ._errors import CheckpointDamagedError as CheckpointDamagedError
 from ._errors import CheckpointExistsError as CheckpointExistsError
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CheckpointWriteError as CheckpointWriteError
 from ._errors import CopyError as CopyError
 from ._errors import DtypeMismatchError as DtypeMismatchError
+from ._errors import OutOfMemoryError as OutOfMemoryError
 from ._errors import PlacementError as PlacementError
 from ._errors import ShapeMismatchError as ShapeMismatchError
 from ._errors import StatevarError as StatevarError
@@ -44,6 +46,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointCorruptedError",
+    "CheckpointDamagedError",
     "CheckpointExistsError",
     "CheckpointManager",
     "CheckpointMismatchError",
@@ -56,6 +59,7 @@ __all__ = [
     "Module",
     "Optimizer",
     "OptimizerState",
+    "OutOfMemoryError",
     "PendingSave",
     "PerReplica",
     "PlacementError",

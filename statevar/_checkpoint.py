@@ -164,6 +164,33 @@ def check_untraced(action: str) -> None:
     )
 
 
+def directory_path(directory: Any, action: str) -> pathlib.Path:
+    """Returns the checkpoint ``directory`` (a str or an `os.PathLike`) as an absolute path.
+
+    Raises:
+      TypeError: for anything else, naming ``action`` (``"save a checkpoint"``).
+    """
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(
+            f"Cannot {action}: expected the directory to be a str or an os.PathLike "
+            f"(a pathlib.Path), got {type(directory).__name__} {directory!r:.60}"
+        )
+    return pathlib.Path(directory).absolute()
+
+
+def check_flag(action: str, name: str, value: Any) -> None:
+    """Refuses a flag argument (``blocking=``, ``partial=``) that is not a bool.
+
+    Raises:
+      TypeError: naming ``action`` (``"save a checkpoint"``), the flag and what it got.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            f"Cannot {action}: expected {name}= to be True or False, got "
+            f"{type(value).__name__} {value!r:.60}"
+        )
+
+
 @overload
 def save(directory: PathLike, target: Any, *, blocking: Literal[True] = True) -> None: ...
 
@@ -217,7 +244,8 @@ def save(directory: PathLike, target: Any, *, blocking: bool = True) -> PendingS
         cannot be written), naming the directory and the cause; with ``blocking=False``,
         raised by `PendingSave.wait` instead. Also a failure of the earlier save in the
         background into ``directory`` that no call has raised yet: then nothing is saved.
-      TypeError: if ``target`` holds anything but Variables, Modules, Optimizers and
+      TypeError: if ``directory`` is not a str or an os.PathLike, ``blocking`` is not a
+        bool, or ``target`` holds anything but Variables, Modules, Optimizers and
         containers.
       ValueError: if two different variables have the same name, or an Optimizer has no
         state yet (it was never built).
@@ -238,10 +266,11 @@ def save(directory: PathLike, target: Any, *, blocking: bool = True) -> PendingS
       <Variable 'w' shape=(2,) dtype=float32, numpy=array([1., 2.], dtype=float32)>
     """
     check_untraced("save")
+    check_flag("save a checkpoint", "blocking", blocking)
     variables = named_variables(target)
     if not blocking:
         check_single_process("save")
-    checkpoint, shown = pathlib.Path(directory).absolute(), str(directory)
+    checkpoint, shown = directory_path(directory, "save a checkpoint"), str(directory)
     with Snapshot.read(variables) as snapshot:
         with directory_lock(checkpoint, "save to"):  # one writer per directory
             settle(checkpoint)
@@ -439,6 +468,7 @@ def _restore(
     its reading); assigns holding the update lock only (a save in a signal handler that
     interrupted an update holds that one and waits for a directory lock). A save in flight
     into each is waited for first, and its failure raised if no call has raised it."""
+    check_flag("restore a checkpoint", "partial", partial)
     with contextlib.ExitStack() as held:
         for lock in locks:
             held.enter_context(directory_lock(lock, "restore from"))
@@ -519,6 +549,7 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
       CheckpointWriteError: (an OSError) if a save in the background into ``directory``
         (or into the `CheckpointManager` directory holding it) failed and no call has
         raised it yet; the restore waits for a save in flight there first.
+      TypeError: if ``partial`` is not a bool.
       TypeError, ValueError, TraceContextError: as `save`.
 
     Example:
@@ -533,7 +564,7 @@ def restore(directory: PathLike, target: Any, *, partial: bool = False) -> Resto
       (1, 0.5)
     """
     check_untraced("restore")
-    checkpoint = pathlib.Path(directory).absolute()
+    checkpoint = directory_path(directory, "restore a checkpoint")
     locks = (checkpoint,)
     if _STEP_NAME.match(checkpoint.name):  # perhaps a step of a CheckpointManager's, whose
         locks = (checkpoint.parent, checkpoint)  # saves write and delete steps

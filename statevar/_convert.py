@@ -100,6 +100,16 @@ def _float_max(dtype: np.dtype) -> float:
     return float(jnp.finfo(dtype).max)
 
 
+def distinct_elements(value: Any) -> Any:
+    """Returns a NumPy array without the repeats of a broadcast view: one element along each
+    axis of stride 0, so that a range check reads each distinct element once, never the
+    2**40 elements that ``np.broadcast_to(x, (2**20, 2**20))`` shows. Anything else as it
+    is."""
+    if not isinstance(value, np.ndarray) or 0 not in value.strides or not value.size:
+        return value
+    return value[tuple(slice(0, 1) if step == 0 else slice(None) for step in value.strides)]
+
+
 def convert_host_integers(value: int | np.ndarray | np.generic, dtype: np.dtype) -> Any:
     """Converts a Python int or NumPy integers to ``dtype`` on the host; None if out of range.
 
@@ -113,11 +123,16 @@ def convert_host_integers(value: int | np.ndarray | np.generic, dtype: np.dtype)
         if isinstance(value, int):
             low = high = value
         else:
-            low, high = (value.min(), value.max()) if value.size else (0, 0)
+            distinct = distinct_elements(value)
+            low, high = (distinct.min(), distinct.max()) if value.size else (0, 0)
         if low < smallest or high > largest:
             return None
     try:
         with np.errstate(over="raise"):
+            if isinstance(value, np.ndarray) and 0 in value.strides and value.size:
+                # A broadcast view stays one: its distinct elements converted, broadcast.
+                distinct = np.asarray(distinct_elements(value), dtype=dtype)
+                return np.broadcast_to(distinct, value.shape)
             return np.asarray(value, dtype=dtype)
     except (OverflowError, FloatingPointError):
         return None
@@ -446,15 +461,18 @@ def _widest_jax_dtype(source: _Source, action: str) -> _Source:
     wider = _EXTENDED[value.dtype]
     if wider == value.dtype:  # where long double is double (Windows, some ARM)
         return source
+    distinct = distinct_elements(value)
     with np.errstate(over="ignore", invalid="ignore"):
-        converted = value.astype(wider)
-    lost = np.isfinite(value) & ~np.isfinite(converted)
+        converted = distinct.astype(wider)
+    lost = np.isfinite(distinct) & ~np.isfinite(converted)
     if lost.any():
         raise DtypeMismatchError(
             f"{action}: a value of dtype {value.dtype} "
-            f"({str(np.asarray(value)[lost].flat[0])}) is out of range for every dtype JAX "
+            f"({str(np.asarray(distinct)[lost].flat[0])}) is out of range for every dtype JAX "
             "holds"
         )
+    if converted.shape != np.shape(value):  # a broadcast view stays one
+        converted = np.broadcast_to(converted, np.shape(value))
     return _Source(converted, source.family, source.shape, source.described)
 
 
@@ -511,6 +529,7 @@ def _fit_floats(source: _Source, value: Any, dtype: np.dtype, action: str) -> An
         array = value
     else:
         return value
+    array = distinct_elements(array)  # a broadcast view's repeats need no second look
     with np.errstate(over="ignore", invalid="ignore"):
         converted = array.astype(jax.dtypes.canonicalize_dtype(array.dtype)).astype(dtype)
     lost = np.isfinite(array) & ~np.isfinite(converted)

@@ -5,6 +5,8 @@ its dtype and where it goes; `Variable` calls `initial_state` and stores what it
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, TypeGuard
@@ -21,8 +23,9 @@ from ._convert import (
     initial_dtype,
     is_concrete_array,
     short_repr,
+    value_shape,
 )
-from ._errors import DtypeMismatchError, TraceContextError
+from ._errors import DtypeMismatchError, OutOfMemoryError, TraceContextError
 from ._view import Readable
 
 SYNCHRONIZATIONS = ("auto", "on_write", "on_read")
@@ -226,6 +229,7 @@ def evaluate_initializer(
     if not may_spread:
         return (result._read() if isinstance(result, Readable) else result), None
     target = target_sharding(label, result.shape, sharding, device, None)
+    check_size(label, result.shape, result.dtype, target, on_host=False)
     run = _jax.jaxpr_as_fun(traced.jaxpr)
     return jax.jit(lambda: run()[0], out_shardings=target)(), target
 
@@ -281,6 +285,77 @@ def check_initial_value(label: str, initial_value: Any) -> None:
         )
 
 
+def _readable_bytes(count: int) -> str:
+    """``count`` bytes in the largest binary unit that keeps a number of at least one."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} bytes"
+
+
+def host_memory() -> int | None:
+    """The bytes of physical memory this machine has, where the system says; else None."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+        return None
+
+
+def device_memory(device: Any) -> tuple[int, str] | None:
+    """The bytes one array on ``device`` can take at most, and what they are: the limit of
+    JAX's allocator where the device reports one (``device.memory_stats()``, on GPUs and
+    TPUs), else, for a CPU device, the host's physical memory; None if neither is known."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # a backend that keeps no statistics
+        stats = None
+    limit = stats.get("bytes_limit") if isinstance(stats, dict) else None
+    if isinstance(limit, int) and limit > 0:
+        return limit, f"the memory of {device}"
+    host = host_memory() if device.platform == "cpu" else None
+    return None if host is None else (host, f"the memory of this host, which holds {device}")
+
+
+def check_size(label: str, shape: Any, dtype: Any, target: Any, *, on_host: bool) -> None:
+    """Refuses a variable whose value cannot fit where it would be held, from its shape
+    and dtype alone (no element is read): on each device of ``target`` (a Sharding, a
+    Device, or None for JAX's default device), its shard; on the host, when the value
+    (``on_host``) is converted there first, the whole of it.
+
+    Raises:
+      OutOfMemoryError: naming the variable, its shape, its bytes and the memory.
+    """
+    itemsize = np.dtype(dtype).itemsize
+    total = math.prod(shape) * itemsize
+    if isinstance(target, jax.sharding.Sharding):
+        per_device = math.prod(target.shard_shape(tuple(shape))) * itemsize
+        devices = list(target.addressable_devices)
+    else:
+        per_device, devices = total, [target if target is not None else default_device()]
+    # (bytes needed, (bytes there are, where) or None if unknown, the way out)
+    needs = [(per_device, device_memory(device), DEVICE) for device in devices]
+    host = host_memory() if on_host else None
+    if host is not None:
+        where = "the memory of this host, where it is converted first"
+        needs.insert(0, (total, (host, where), HOST))
+    for count, memory, way_out in needs:
+        if memory is None or count <= memory[0]:
+            continue
+        limit, where = memory
+        each = "" if count == total else f" ({count:,} bytes on each of its devices)"
+        raise OutOfMemoryError(
+            f"Cannot create Variable '{label}' of shape {tuple(shape)} and dtype "
+            f"{np.dtype(dtype)}: it needs {total:,} bytes ({_readable_bytes(total)}){each}, "
+            f"more than {where} ({limit:,} bytes, {_readable_bytes(limit)}). Nothing was "
+            f"allocated. Make it smaller, or {way_out}"
+        )
+
+
+# The ways out `check_size` names: for a host value, for a device's shard.
+HOST = "create it from a callable that computes it where it goes (an initializer)"
+DEVICE = "spread it over more devices with sharding="
+
+
 def default_device() -> jax.Device:  # pyright: ignore[reportInvalidTypeForm]
     # A local device: under jax.distributed, another process's devices come first in
     # jax.devices() on every process but the first.
@@ -320,17 +395,28 @@ def initial_array(
         _trace.refuse_traced_initial_value(frame, creation_subject(name))
     check_initial_value(label, initial_value)
     dtype = initial_dtype(initial_value, dtype, label)
-    initial_value, shape = convert(initial_value, dtype, f"Cannot create Variable '{label}'")
+    action = f"Cannot create Variable '{label}'"
+    # Where it goes and whether it fits, from its shape alone: checked before anything is
+    # read, converted or copied (a broadcast view of 2**40 elements holds one), so a bad
+    # request changes nothing.
+    shape = value_shape(initial_value, action, dtype)
     if target is None:
-        # Checked before anything is copied to a device: a bad request changes nothing.
         target = target_sharding(label, shape, sharding, device, initial_value)
-    # A strongly typed copy (an explicit dtype): a variable's dtype is fixed.
-    value = jnp.array(initial_value, dtype=dtype, copy=True)
-    if target is not None or value.committed:
-        # A copy on the device, then put on the sharding: a NumPy value put straight onto a
-        # sharding can alias host memory, and the next donated update would not be in place.
-        value = jax.device_put(value, target or default_device())
-    return value
+    on_host = not isinstance(initial_value, jax.Array)
+    check_size(label, shape, dtype, target, on_host=on_host)
+    try:
+        initial_value, shape = convert(initial_value, dtype, action)
+        return _placed_copy(initial_value, dtype, target)
+    except (MemoryError, jax.errors.JaxRuntimeError) as error:
+        if isinstance(error, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        # It fits the memory, but not what is free of it now.
+        raise OutOfMemoryError(
+            f"Cannot create Variable '{label}' of shape {tuple(shape)} and dtype {dtype}: "
+            f"its {math.prod(shape) * dtype.itemsize:,} bytes do not fit in the memory free "
+            f"{'on the host or ' if on_host else ''}on its device now "
+            f"({str(error).splitlines()[0] if str(error) else type(error).__name__})"
+        ) from error
 
 
 def initial_state(
@@ -374,3 +460,14 @@ def initial_state(
     return InitialState(
         value, bool(not on_read if trainable is None else trainable), synchronization, aggregation
     )
+
+
+def _placed_copy(initial_value: Any, dtype: np.dtype, target: Any) -> jax.Array:
+    """A strongly typed copy of the converted initial value (an explicit dtype: a variable's
+    dtype is fixed), placed on ``target`` (see `initial_state`)."""
+    value = jnp.array(initial_value, dtype=dtype, copy=True)
+    if target is not None or value.committed:
+        # A copy on the device, then put on the sharding: a NumPy value put straight onto a
+        # sharding can alias host memory, and the next donated update would not be in place.
+        value = jax.device_put(value, target or default_device())
+    return value

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import sys
 
+# The modules whose frames `release_frames` clears: statevar's own and JAX's, never the user's.
+_RELEASED_MODULES = ("statevar.", "jax.", "jaxlib.")
+
 
 def caller_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by the caller of this function point
@@ -16,6 +19,36 @@ def caller_stacklevel() -> int:
     while frame is not None and frame.f_globals.get("__name__", "").startswith("statevar."):
         level, frame = level + 1, frame.f_back
     return level
+
+
+def release_frames(error: BaseException) -> None:
+    """Clears the local variables of statevar's and JAX's finished frames in the tracebacks
+    of ``error`` and of the errors it chains to (its cause and context).
+
+    An error a user keeps (``except CopyError as e: kept = e``, an interactive session's
+    last exception) keeps its traceback's frames, and with them whatever they held: a
+    variable's old array would stay alive, and the variable's next update could not
+    donate it. Called where an update or a compiled call lets an error out to the user.
+    Frames still running (the caller's own) are left as they are, and so are the user's
+    frames: they hold what the user holds.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback = current.__traceback__
+        while traceback is not None:
+            frame = traceback.tb_frame
+            if frame.f_globals.get("__name__", "").startswith(_RELEASED_MODULES):
+                try:
+                    frame.clear()
+                except RuntimeError:
+                    pass  # still running: the frame that is handling the error
+            traceback = traceback.tb_next
+        pending += (current.__cause__, current.__context__)
 
 
 class StatevarError(Exception):
@@ -38,6 +71,11 @@ class TraceContextError(StatevarError, RuntimeError):
     """A variable was created or assigned where a transformation forbids it."""
 
 
+class OutOfMemoryError(StatevarError, MemoryError):
+    """A variable's value does not fit in the memory that would hold it: checked from its
+    shape and dtype before anything is converted, copied or placed."""
+
+
 class CopyError(StatevarError, BufferError):
     """An update or a compiled step would copy a variable instead of donating its buffer,
     and the copy policy is ``"raise"`` (see `statevar.set_copy_policy`): a buffer could not
@@ -58,6 +96,13 @@ class CheckpointMismatchError(StatevarError, ValueError):
 
 class CheckpointCorruptedError(StatevarError, ValueError):
     """A checkpoint's data does not match the checksums stored with it."""
+
+
+class CheckpointDamagedError(CheckpointCorruptedError):
+    """A `CheckpointManager` step holds data, but its manifest is missing or unreadable (it
+    was deleted, or replaced by a directory or a dangling link), so it cannot be verified
+    or restored. Restoring without a step raises this rather than restoring an older step
+    silently; pass ``step=`` to restore an older one."""
 
 
 class CheckpointWriteError(StatevarError, OSError):

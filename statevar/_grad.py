@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from . import _nesting, _trace
@@ -40,10 +41,12 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
       None, as ``tf.GradientTape`` gives.
 
     Raises:
-      TypeError: if ``wrt`` is not a Variable, Module or container of them.
+      TypeError: if ``wrt`` is not a Variable, Module or container of them, or ``fn``
+        returns anything but a real floating-point scalar (first in a pair with
+        ``has_aux=True``).
       TraceContextError: if ``fn`` creates a variable, assigns one it is differentiated
         with respect to, or assigns one where JAX cannot carry the update (see
-        ``docs/training.md``).
+        ``docs/training.md``), or uses a tracer that escaped another transformation.
 
     Example:
       >>> import statevar
@@ -63,7 +66,11 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        return _value_and_grad_call(fn, wrt, has_aux, learned_refs, args, kwargs)
+        try:
+            return _value_and_grad_call(fn, wrt, has_aux, learned_refs, args, kwargs)
+        except jax.errors.UnexpectedTracerError as error:
+            name = getattr(fn, "__name__", type(fn).__name__)
+            raise _trace.escaped_tracer_error(f"The statevar.grad function {name!r}") from error
 
     return wrapped
 
@@ -103,6 +110,7 @@ def _value_and_grad_call(
             with frame:
                 out = read_variables(fn(*args, **kwargs))
             loss, aux = out if has_aux else (out, None)
+            _check_loss(fn, loss, has_aux)
             # Assignments made at this level come out as values, applied afterwards.
             return loss, (aux, [frame.values[v] for v in frame.written])
 
@@ -121,6 +129,27 @@ def _value_and_grad_call(
         # Keep the module's order (JAX rebuilds dicts with sorted keys).
         grads = {name: grads[name] for name in tree}
     return ((value, aux) if has_aux else value), grads
+
+
+def _check_loss(fn: Callable, loss: Any, has_aux: bool) -> None:
+    """Refuses a value `value_and_grad`'s function returned that has no gradient.
+
+    Raises:
+      TypeError: unless it is a real floating-point scalar, naming the function.
+    """
+    try:
+        shape, dtype = jnp.shape(loss), jnp.result_type(loss)
+    except TypeError:
+        shape, dtype = None, None
+    if shape == () and dtype is not None and jnp.issubdtype(dtype, jnp.floating):
+        return
+    name = getattr(fn, "__name__", type(fn).__name__)
+    given = f"{type(loss).__name__} {loss!r:.60}" if shape is None else f"shape {shape} {dtype}"
+    raise TypeError(
+        f"Cannot differentiate {name!r} with statevar.grad: expected it to return a real "
+        f"floating-point scalar (a loss){' first in a (loss, aux) pair' if has_aux else ''}, "
+        f"got {given}"
+    )
 
 
 def _apply_assignments(frame: _trace.Frame, written: list[Any], outermost: bool) -> None:

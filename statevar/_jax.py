@@ -76,6 +76,26 @@ def transformation_of(trace: Any) -> str | None:
     return getattr(debug_info, "traced_for", None)
 
 
+def is_escaped_tracer(tracer: Any) -> bool:
+    """Whether ``tracer`` belongs to no trace running here: one kept by a side effect
+    (appended to a list inside ``jax.jit``, say) after its transformation finished.
+
+    For: naming the variable an escaped tracer is assigned to, where JAX would refuse it only
+    once the step's trace ends, naming none. Public replacement: none (JAX raises
+    `jax.errors.UnexpectedTracerError` later). Tested on jax 0.10.2 to 0.12.0.1
+    (``Tracer._trace``); a JAX without the field leaves it to JAX's own error.
+    """
+    own = getattr(tracer, "_trace", None)
+    if own is None:
+        return False
+    trace = current_trace()
+    while trace is not None:
+        if trace is own:
+            return False
+        trace = enclosing_trace(trace)
+    return True
+
+
 # The trace classes of differentiation and batching, by name (`jax.interpreters.ad.JVPTrace`
 # and `jax.interpreters.batching.BatchTrace` are not public API). Tested on jax 0.10.2 to
 # 0.12.0.1.

@@ -21,6 +21,7 @@ from ._errors import (
     StatevarError,
     TraceContextError,
     interrupted_update_error,
+    release_frames,
 )
 from ._jit_cache import (
     Cache,
@@ -67,10 +68,8 @@ class JitFunction:
                     "shardings. Place arguments with jax.device_put before the call, and "
                     "results with jax.lax.with_sharding_constraint inside the function"
                 )
-        static = jit_kwargs.pop("static_argnums", ())
-        static = (static,) if isinstance(static, int) else tuple(static)
-        names = jit_kwargs.pop("static_argnames", ())
-        names = (names,) if isinstance(names, str) else tuple(names)
+        static = _static_setting(fn, "static_argnums", jit_kwargs.pop("static_argnums", ()))
+        names = _static_setting(fn, "static_argnames", jit_kwargs.pop("static_argnames", ()))
         # As jax.jit does: a static argument is static whether passed by position or name.
         try:
             parameters = list(inspect.signature(fn).parameters.values())
@@ -353,6 +352,8 @@ class JitFunction:
                 self._check_devices(lifted, arrays, dynamic)
             except PlacementError as refused:
                 return refused
+            if isinstance(error, jax.errors.UnexpectedTracerError):
+                return _trace.escaped_tracer_error(f"The statevar.jit function {self.__name__!r}")
             return error
         debugging = jax.config.jax_debug_nans or jax.config.jax_debug_infs  # pyright: ignore[reportAttributeAccessIssue]
         if debugging and _is_deleted_error(error):
@@ -417,6 +418,28 @@ class JitFunction:
         return frozenset(positions)
 
 
+def _static_setting(fn: Any, setting: str, value: Any) -> tuple:
+    """Returns ``static_argnums`` (ints) or ``static_argnames`` (strs) as a tuple.
+
+    Raises:
+      TypeError: for anything but one of them or an iterable of them.
+    """
+    kind = int if setting == "static_argnums" else str
+    if isinstance(value, kind) and not isinstance(value, bool):
+        return (value,)
+    values = tuple(value) if isinstance(value, (tuple, list, set, frozenset, range)) else None
+    if values is None or not all(
+        isinstance(item, kind) and not isinstance(item, bool) for item in values
+    ):
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise TypeError(
+            f"Cannot compile {name!r} with statevar.jit: expected {setting} to be "
+            f"{'an int' if kind is int else 'a str'} or a sequence of them, got "
+            f"{type(value).__name__} {value!r:.60}"
+        )
+    return values
+
+
 def _is_deleted_error(error: Exception) -> bool:
     """Whether ``error`` is JAX refusing a deleted array: its Python path's or its C++ fast
     path's message."""
@@ -448,33 +471,39 @@ def _calling(compiled: JitFunction) -> Callable[..., Any]:
     accepts = STATE.concrete_argument_types.issuperset
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs and not STATE.open_trace_frames:
-            if accepts(map(type, args)):
-                # Fast path for the common step(x, y): only concrete arrays and scalars, so
-                # the key needs no flatten and no argument can be a tracer. Only calls
-                # without variables, modules or static arguments are compiled under it.
-                entry = entries.get(len(args))
-                if entry is not None:
-                    warm = entry.call
-                    if warm is not None:
-                        result = warm(args)
-                        if type(result) is not Miss:
-                            return result
-                        return missed(len(args), entry, args, result)
-                    return run(len(args), entry, args)
-            else:
-                # Fast path for step(model, x) and methods: arrays, Variables and Modules
-                # seen before, as long as the Modules still hold the same objects. (The types
-                # are mapped again: the array path above, the commoner, builds no tuple.)
-                indexed = find(tuple(map(type, args)), args)
-                if indexed is not None:
-                    key, entry, dynamic = indexed
-                    warm = entry.call
-                    if warm is None:
-                        return run(key, entry, dynamic)
-                    result = warm(dynamic)
-                    return missed(key, entry, dynamic, result) if type(result) is Miss else result
-        return general(*args, **kwargs)
+        try:
+            if not kwargs and not STATE.open_trace_frames:
+                if accepts(map(type, args)):
+                    # Fast path for the common step(x, y): only concrete arrays and scalars, so
+                    # the key needs no flatten and no argument can be a tracer. Only calls
+                    # without variables, modules or static arguments are compiled under it.
+                    entry = entries.get(len(args))
+                    if entry is not None:
+                        warm = entry.call
+                        if warm is not None:
+                            result = warm(args)
+                            if type(result) is not Miss:
+                                return result
+                            return missed(len(args), entry, args, result)
+                        return run(len(args), entry, args)
+                else:
+                    # Fast path for step(model, x) and methods: arrays, Variables and Modules
+                    # seen before, as long as the Modules still hold the same objects. (The types
+                    # are mapped again: the array path above, the commoner, builds no tuple.)
+                    indexed = find(tuple(map(type, args)), args)
+                    if indexed is not None:
+                        key, entry, dynamic = indexed
+                        warm = entry.call
+                        if warm is None:
+                            return run(key, entry, dynamic)
+                        result = warm(dynamic)
+                        return (
+                            missed(key, entry, dynamic, result) if type(result) is Miss else result
+                        )
+            return general(*args, **kwargs)
+        except BaseException as error:
+            release_frames(error)  # a kept error keeps no array (see `release_frames`)
+            raise
 
     return call
 
@@ -527,9 +556,12 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
       The compiled function.
 
     Raises:
-      TypeError: if ``donate_argnums`` or ``donate_argnames`` is given.
+      TypeError: if ``donate_argnums`` or ``donate_argnames`` is given, or
+        ``static_argnums`` or ``static_argnames`` is not an int (a str) or a sequence of
+        them.
       TraceContextError: if ``fn`` creates a Variable from a traced value, under a JAX
-        transformation, or in a trace after its first.
+        transformation, or in a trace after its first; or assigns (or uses) a tracer that
+        escaped another transformation.
       PlacementError: when called with variables and arguments on different sets of
         devices (before anything is donated).
 

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from ._checkpoint import (
+    _STEP_NAME,
     _STEP_TEMPORARY,
     PathLike,
     RestoreResult,
@@ -28,10 +29,11 @@ from ._checkpoint import (
     background_write_options,
     check_untraced,
     directory_lock,
+    directory_path,
     sync_processes,
 )
 from ._checkpoint_targets import named_variables
-from ._errors import CheckpointExistsError, CheckpointNotFoundError
+from ._errors import CheckpointDamagedError, CheckpointExistsError, CheckpointNotFoundError
 from ._manifest import MANIFEST, STEP_ITEM, write_manifest
 from ._pending import (
     PendingSave,
@@ -47,6 +49,44 @@ if TYPE_CHECKING:
     import orbax.checkpoint as ocp
 
 logger = logging.getLogger("statevar")
+
+# Written into a step directory once its manifest is: a step holding it but no manifest lost
+# its manifest afterwards (damaged), where one holding neither is a save that never finished.
+MANIFEST_WRITTEN = "statevar_manifest_written"
+
+
+def _step_problem(step_directory: pathlib.Path) -> tuple[str, str] | None:
+    """What keeps a step directory without a readable manifest from being complete:
+    ``("damaged", why)`` if it had one, or has something else in its place (a directory, a
+    dangling link); ``("unfinished", why)`` if it holds data a save wrote but no manifest
+    and no sign of one (a save stopped before it finished, or a manifest deleted before
+    statevar marked manifests); None for a complete step or a directory holding neither."""
+    manifest = step_directory / MANIFEST
+    if manifest.is_file():
+        return None
+    if manifest.is_symlink():
+        return "damaged", f"is a link to {os.readlink(manifest)!r}, which is no file"
+    if manifest.exists():
+        return "damaged", "is a directory, not a file" if manifest.is_dir() else "is no file"
+    if (step_directory / MANIFEST_WRITTEN).exists():
+        return "damaged", "was deleted"
+    if (step_directory / STEP_ITEM).exists():
+        return "unfinished", "is missing: a save that did not finish"
+    return None
+
+
+def _incomplete_steps(directory: pathlib.Path) -> dict[int, tuple[str, str]]:
+    """The step directories under ``directory`` that hold data or a manifest's trace but no
+    readable manifest, with what `_step_problem` says of each."""
+    if not directory.is_dir():
+        return {}
+    found = {}
+    for entry in directory.iterdir():
+        if _STEP_NAME.match(entry.name) and entry.is_dir():
+            problem = _step_problem(entry)
+            if problem is not None:
+                found[int(entry.name)] = problem
+    return found
 
 
 class CheckpointManager:
@@ -72,7 +112,8 @@ class CheckpointManager:
 
     Raises:
       ValueError: if ``max_to_keep`` is not None or a positive int.
-      TypeError: if ``async_save`` is not a bool.
+      TypeError: if ``directory`` is not a str or an os.PathLike, or ``async_save`` is not
+        a bool.
 
     Example:
       >>> import tempfile, statevar
@@ -102,8 +143,8 @@ class CheckpointManager:
                 f"Expected async_save to be True or False, got {type(async_save).__name__} "
                 f"{async_save!r}"
             )
+        self._directory = directory_path(directory, "create a CheckpointManager")
         self._shown = str(directory)
-        self._directory = pathlib.Path(directory).absolute()
         self._max_to_keep = max_to_keep
         self._async_save = async_save
 
@@ -157,7 +198,7 @@ class CheckpointManager:
           TypeError: if ``step`` is not an int, or as `statevar.save` for the target.
           ValueError: if ``step`` is negative, or two different variables have one name.
           CheckpointExistsError: (a FileExistsError) if ``step`` already holds a complete
-            checkpoint; steps are never overwritten.
+            checkpoint, or a damaged one (see `restore`); steps are never overwritten.
           CheckpointWriteError: (an OSError) if writing fails, naming the step, the
             directory and the cause (with ``async_save=True``, raised by the `PendingSave`
             and the calls that wait for it); or if the save in flight failed and no call
@@ -177,6 +218,14 @@ class CheckpointManager:
                         f"Cannot save step {step} to {self._shown!r}: that step already holds "
                         "a checkpoint, and steps are never overwritten; save under a new step "
                         "number"
+                    )
+                problem = _incomplete_steps(self._directory).get(step)
+                if problem is not None and problem[0] == "damaged":
+                    raise CheckpointExistsError(
+                        f"Cannot save step {step} to {self._shown!r}: that step holds data "
+                        f"whose manifest {problem[1]} (damaged), and steps are never "
+                        f"overwritten; move {str(self._directory / str(step))!r} away, or save "
+                        "under a new step number"
                     )
                 if self._async_save:
                     with starting():
@@ -245,6 +294,7 @@ class CheckpointManager:
             step_directory = self._directory / str(step)
             stored = any(entry["key"] is not None for entry in entries)  # an array written
             write_manifest(step_directory, STEP_ITEM if stored else None, entries)
+            _mark_manifest_written(step_directory)
             self._drop_old_steps(step)
         sync_processes("statevar-manager-manifest")
 
@@ -324,6 +374,9 @@ class CheckpointManager:
         With ``step`` None this is "resume if possible": when there is no complete step
         yet, nothing changes, a WARNING on the ``"statevar"`` logger says so (naming the
         directory, and whether it exists, so a mistyped path shows), and None is returned.
+        A newer step is never skipped silently: one whose manifest is missing or unreadable
+        though it had one (damaged) raises, and one whose save did not finish (data, no
+        manifest yet) is named by a WARNING along with the step restored instead.
 
         Args:
           target: a Variable, a Module, an Optimizer, or a (possibly nested) list, tuple or
@@ -339,6 +392,11 @@ class CheckpointManager:
         Raises:
           CheckpointNotFoundError: (a FileNotFoundError) if ``step`` is given and holds no
             complete checkpoint; the message lists the steps there are.
+          CheckpointDamagedError: (a CheckpointCorruptedError) if the step to restore, or
+            with ``step`` None a step newer than every complete one, holds data but its
+            manifest is missing (deleted) or unreadable (a directory, a dangling link in
+            its place); the message names the step and how to restore an older one
+            (``restore(target, step=n)``). Nothing is restored.
           TypeError, ValueError: if ``step`` is not a non-negative integer.
           CheckpointMismatchError, CheckpointCorruptedError: as `statevar.restore`.
           CheckpointWriteError: as `wait_until_finished`, which `restore` calls first.
@@ -351,19 +409,18 @@ class CheckpointManager:
             # Under the directory's lock, once the save in flight is written (its step may
             # be the latest): no save deletes the step chosen before it is read.
             steps = self.all_steps()
-            chosen = step
+            chosen = self._check_newer_steps(steps) if step is None else step
             if chosen is None:
-                if not steps:
-                    there = (
-                        "holds no complete step" if self._directory.is_dir() else "does not exist"
-                    )
-                    logger.warning(
-                        "No checkpoint to restore: directory %r (%s) %s; nothing was restored",
-                        *(self._shown, self._directory, there),
-                    )
-                    return None
-                chosen = steps[-1]
-            elif chosen not in steps:
+                there = "holds no complete step" if self._directory.is_dir() else "does not exist"
+                logger.warning(
+                    "No checkpoint to restore: directory %r (%s) %s; nothing was restored",
+                    *(self._shown, self._directory, there),
+                )
+                return None
+            if chosen not in steps:
+                problem = _incomplete_steps(self._directory).get(chosen)
+                if problem is not None and problem[0] == "damaged":
+                    raise self._damaged_error(chosen, problem[1], steps)
                 raise CheckpointNotFoundError(
                     f"Checkpoint directory {self._shown!r} has no complete step {chosen}; the "
                     f"steps there are {steps}"
@@ -373,11 +430,63 @@ class CheckpointManager:
 
         return _restore(target, partial, locks=(self._directory,), locate=locate)
 
+    def _check_newer_steps(self, steps: list[int]) -> int | None:
+        """Returns the step a restore without ``step=`` takes: the latest complete step,
+        once no newer step is damaged; a newer save that did not finish is logged (a
+        WARNING naming both steps). None if there is no complete step.
+
+        Raises:
+          CheckpointDamagedError: for the newest damaged step newer than every complete one.
+        """
+        latest = steps[-1] if steps else None
+        newer = {
+            number: problem
+            for number, problem in _incomplete_steps(self._directory).items()
+            if latest is None or number > latest
+        }
+        damaged = [number for number, (kind, _) in newer.items() if kind == "damaged"]
+        if damaged:
+            raise self._damaged_error(max(damaged), newer[max(damaged)][1], steps)
+        for number in sorted(newer):
+            logger.warning(
+                "Step %d in checkpoint directory %r holds data but no manifest: a save that "
+                "did not finish (or a manifest deleted). Restoring %s instead.",
+                *(number, self._shown, "nothing" if latest is None else f"step {latest}"),
+            )
+        return latest
+
+    def _damaged_error(self, step: int, why: str, steps: list[int]) -> CheckpointDamagedError:
+        where = str(self._directory / str(step))
+        if steps:
+            instead = (
+                f"Restore an older step explicitly, manager.restore(target, step={steps[-1]}) "
+                f"(the complete steps are {steps}), or move {where!r} away to resume from "
+                f"step {steps[-1]}"
+            )
+        else:
+            instead = f"There is no complete step to restore instead; move {where!r} away"
+        return CheckpointDamagedError(
+            f"Checkpoint directory {self._shown!r}: step {step} is damaged: it holds data, but "
+            f"its manifest {MANIFEST} {why}, so it can be neither verified nor restored; "
+            f"nothing was restored. {instead}."
+        )
+
     def __repr__(self) -> str:
         options = f"max_to_keep={self._max_to_keep}"
         if self._async_save:
             options += ", async_save=True"
         return f"CheckpointManager({self._shown!r}, {options})"
+
+
+def _mark_manifest_written(step_directory: pathlib.Path) -> None:
+    """Records, beside a step's manifest, that it was written (see `MANIFEST_WRITTEN`)."""
+    descriptor = os.open(step_directory / MANIFEST_WRITTEN, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.close(descriptor)
+    descriptor = os.open(step_directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _checked_step(step: Any) -> int:

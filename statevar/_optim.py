@@ -471,7 +471,14 @@ class Optimizer:
         if isinstance(grads_and_vars, Node):  # a gradient Module, as `apply` takes it
             self.apply(grads_and_vars, **extra_args)
             return
-        pairs = list(grads_and_vars)
+        try:
+            pairs = list(grads_and_vars)
+        except TypeError:
+            raise TypeError(
+                f"Expected Optimizer '{self._name}'.apply_gradients to get (gradient, "
+                "variable) pairs, as zip(grads, variables) gives; got "
+                f"{type(grads_and_vars).__name__}, which is not iterable"
+            ) from None
         for i, pair in enumerate(pairs):
             if not (isinstance(pair, tuple) and len(pair) == 2):
                 raise TypeError(

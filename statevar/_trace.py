@@ -37,6 +37,7 @@ from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 import jax
 from jax import lax
+from jax.core import Tracer
 
 from . import _jax, _nesting
 from ._errors import TraceContextError
@@ -224,6 +225,25 @@ def innermost() -> Frame | None:
     """Returns this thread's innermost frame, or None."""
     stack = getattr(_thread_frames, "stack", None)
     return stack[-1] if stack else None
+
+
+def is_escaped(value: Any) -> bool:
+    """Whether ``value`` is a tracer of no trace running here: one kept by a side effect
+    (appended to a list inside ``jax.jit``, say) after its transformation finished. JAX
+    refuses it only once the step's trace ends, naming no variable."""
+    return isinstance(value, Tracer) and _jax.is_escaped_tracer(value)
+
+
+def escaped_tracer_error(subject: str) -> TraceContextError:
+    """The error for a step (``subject``: ``"The statevar.jit function 'step'"``) that used
+    a tracer escaped from the transformation that made it, which JAX found (see
+    `is_escaped`); nothing was changed."""
+    return TraceContextError(
+        f"{subject} used a tracer that escaped the JAX transformation that made it (kept "
+        "by a side effect, such as appending to a list inside jax.jit), so it holds no "
+        "value; no variable was changed. Return values from transformed functions instead "
+        "of saving them."
+    )
 
 
 def read(var: Lifted) -> Any | None:

@@ -17,7 +17,12 @@ import numpy as np
 
 from . import _copies, _placement, _trace, _update
 from ._convert import Tracer, check_not_deleted, convert_for_update
-from ._errors import DtypeMismatchError, interrupted_update_error
+from ._errors import (
+    DtypeMismatchError,
+    TraceContextError,
+    interrupted_update_error,
+    release_frames,
+)
 from ._signals import held_signals
 from ._state import STATE
 from ._update import ASSIGN, Operation
@@ -39,6 +44,16 @@ def compiled_key(signature: Any, *, committed: bool) -> Any:
 
 
 def update(variable: Any, operation: Operation, value: Any, index: tuple | None = None) -> Any:
+    """Applies ``operation`` in place: the general path (see `_general_update`). An error it
+    raises holds no array of the variable's (see `release_frames`)."""
+    try:
+        return _general_update(variable, operation, value, index)
+    except BaseException as error:
+        release_frames(error)
+        raise
+
+
+def _general_update(variable: Any, operation: Operation, value: Any, index: tuple | None) -> Any:
     """Applies ``operation`` in place: the general path.
 
     Converts and checks ``value`` (a whole-variable update, ``index`` None; setitem and
@@ -103,6 +118,8 @@ def run_kernel(
     Raises:
       StatevarError: in a signal handler that interrupted a donating update (see
         `ProcessState.donating`).
+      CopyError: under the copy policy ``"raise"``; like every error raised here, it
+        holds no array of the variable's (see `release_frames`).
     """
     with _update_lock:
         if STATE.donating:
@@ -111,6 +128,10 @@ def run_kernel(
             # Set before the reference count is read (see `ProcessState.donating`).
             STATE.donating = True
             _run_kernel_locked(variable, operation, kernels, signature, value, operands)
+        except BaseException as error:
+            # Its frames hold the old array: a kept error must not (see `release_frames`).
+            release_frames(error)
+            raise
         finally:
             STATE.donating = False
 
@@ -210,8 +231,22 @@ def record_traced(variable: Any, operation: Operation, value: Any, index: tuple 
     """Applies ``operation`` while `statevar.jit` or `statevar.grad` traces: records the
     new traced value in the innermost trace frame. The variable's own array is neither
     read for donation nor replaced.
+
+    Raises:
+      TraceContextError: for a value (or index) that escaped the transformation that made
+        it (see `_trace.is_escaped`).
     """
     check_operation(variable, operation)
+    if _trace.is_escaped(value) or (
+        index is not None and any(map(_trace.is_escaped, jax.tree.leaves(index)))
+    ):
+        raise TraceContextError(
+            f"Cannot {operation.phrase} Variable '{variable.name}' inside statevar.jit or "
+            f"statevar.grad: the {'value' if _trace.is_escaped(value) else 'index'} is a "
+            "tracer that escaped the JAX transformation that made it (kept by a side effect, "
+            "such as appending to a list inside jax.jit), so it holds no value. Return "
+            "values from transformed functions instead of saving them."
+        )
     if operation is not ASSIGN:
         _trace.prepare_update(variable, operation.phrase)
     old = _trace.read(variable) if operation is not ASSIGN else None

@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol, TypeAlias, overload
 import jax
 
 from . import _creation, _indexing, _placement, _trace, _update, _updating
-from ._errors import TraceContextError
+from ._errors import TraceContextError, release_frames
 from ._operators import RefusedInPlace
 from ._state import STATE
 from ._update import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, Operation
@@ -180,6 +180,11 @@ def _eager_update(operation: Operation, doc: str) -> Update:
                 return self
             del old  # a reference held here would make the array look shared
             return self._update(operation, value)  # still holding the (reentrant) lock
+        except BaseException as error:
+            # An error the user keeps keeps this frame: it must not keep the old array.
+            old = None  # noqa: F841 (cleared, not used)
+            release_frames(error)
+            raise
         finally:
             try:
                 _release()
@@ -255,6 +260,11 @@ class Variable(RefusedInPlace, Readable):
       TraceContextError: if created while `statevar.grad` or `stateless_call` traces, or
         while `statevar.jit` traces other than at the step's own level in its first trace,
         or from a value traced there (see `statevar.jit`).
+      OutOfMemoryError: (a MemoryError) if the value cannot fit where it would be held,
+        found from its shape and dtype before anything is read, converted or copied: the
+        host's memory for a value converted there, each device's memory for its shard
+        (the allocator's limit where JAX reports it, ``device.memory_stats()``), or the
+        memory free now when an allocation fails.
       PlacementError: if ``device`` does not exist and soft placement is off, or the
         sharding does not fit (an axis the mesh lacks, a dimension the axis does not
         divide, a spec longer than the rank, a spec without a mesh to resolve it), or an
@@ -519,7 +529,11 @@ class Variable(RefusedInPlace, Readable):
             function (the slice's size must be known when it compiles).
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
-        _indexing.set_item(self, index, value)
+        try:
+            _indexing.set_item(self, index, value)
+        except BaseException as error:
+            release_frames(error)  # a kept error keeps no array (see `release_frames`)
+            raise
 
     def _update(self, operation: Operation, value: Any, index: tuple | None = None) -> Variable:
         """Applies ``operation`` in place: the general path (see `_updating.update`)."""
@@ -659,6 +673,7 @@ def bulk_store(variables: tuple[Variable, ...]) -> Callable[[Any], Any]:
     consumes the iterator in C): every variable holds its old array or its new one. On an
     MLP step this costs 10% less than a loop of ``setattr`` in C.
     """
-    namespace = {f"v{i}": variable for i, variable in enumerate(variables)}
+    namespace: dict[str, Any] = {f"v{i}": variable for i, variable in enumerate(variables)}
+    namespace["__name__"] = __name__  # a frame `release_frames` clears
     # A code object of its own: Python keeps its caches of global lookups in the code object.
     return types.FunctionType(_bulk_store_code(len(variables)).replace(), namespace, "store")

@@ -8,6 +8,7 @@ for a view and no consumer needs to tell them apart.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -148,13 +149,29 @@ class Readable(ArrayOperators, ArrayMethods):
 
     def __getitem__(self, index: Any) -> jax.Array:
         """Returns ``self.value[index]``. An index known on the host is checked as NumPy
-        checks it (JAX would clamp an integer out of range to the last element)."""
+        checks it (JAX would clamp an integer out of range to the last element).
+
+        Raises:
+          IndexError: if the index is out of range, or is of a kind NumPy refuses.
+          TypeError: if the index is of a kind JAX refuses (a str, a float).
+        """
         index = unwrap_index(index)
         if type(index) is int and self.shape and -self.shape[0] <= index < self.shape[0]:
             pass  # the common v[i], in range
         elif all(map(_on_host, index if isinstance(index, tuple) else (index,))):
             index_shape(self.shape, index, f"Cannot read Variable '{self.name}'")
-        return self._read()[index]
+        try:
+            # No local holds the value: a kept error keeps this frame.
+            return self._read()[index]
+        except (TypeError, IndexError) as error:
+            if type(error) not in (TypeError, IndexError):
+                raise  # JAX's own kinds (a traced boolean index), which users catch by name
+            # An index of a kind JAX refuses: v["x"], v[1.5], v[object()].
+            raise type(error)(
+                f"Cannot read Variable '{self.name}'[{short_repr(index)}]: expected an index "
+                "of integers, slices, None, Ellipsis, or integer or boolean arrays "
+                f"({str(error).splitlines()[0]}); the variable's shape is {self.shape}"
+            ) from None
 
     # ----------------------------------------------------------------- Python protocols
 
@@ -197,6 +214,11 @@ class Readable(ArrayOperators, ArrayMethods):
     __hash__ = object.__hash__
 
     def __bool__(self) -> bool:
+        if math.prod(self.shape) != 1:
+            raise ValueError(
+                f"The truth value of Variable '{self.name}' (shape {self.shape}) is "
+                "ambiguous: expected one element. Use jnp.any(v) or jnp.all(v)"
+            )
         return bool(self._read())
 
     def __len__(self) -> int:
@@ -205,18 +227,36 @@ class Readable(ArrayOperators, ArrayMethods):
         return self.shape[0]
 
     def __iter__(self) -> Iterator[jax.Array]:
+        if not self.shape:
+            raise TypeError(f"Cannot iterate over unsized Variable '{self.name}' (shape ())")
         return iter(self._read())
 
+    def _check_scalar(self, kind: str) -> None:
+        """Refuses converting a value of more than zero dimensions to a Python ``kind``.
+
+        Raises:
+          TypeError: naming the variable and its shape.
+        """
+        if self.shape:
+            raise TypeError(
+                f"Cannot convert Variable '{self.name}' to a Python {kind}: expected shape "
+                f"(), got shape {self.shape}. Index one element first (v[0])"
+            )
+
     def __float__(self) -> float:
+        self._check_scalar("float")
         return float(self._read())
 
     def __int__(self) -> int:
+        self._check_scalar("int")
         return int(self._read())
 
     def __complex__(self) -> complex:
+        self._check_scalar("complex")
         return complex(self._read())
 
     def __index__(self) -> int:
+        self._check_scalar("int")
         return self._read().__index__()
 
     def __round__(self, ndigits: int | None = None) -> Any:

@@ -12,6 +12,7 @@ import logging
 import os
 import pathlib
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -76,6 +77,48 @@ _INSIDE = {
         directory / "managed"
     ).restore(v),
 }
+
+
+_BAD_ARGUMENTS = {
+    "save to a number": (
+        lambda d, v: statevar.save(123, v),
+        r"Cannot save a checkpoint: expected the directory to be a str or an os.PathLike "
+        r"\(a pathlib.Path\), got int 123",
+    ),
+    "restore from a number": (
+        lambda d, v: statevar.restore(123, v),
+        r"Cannot restore a checkpoint: expected the directory to be a str .* got int 123",
+    ),
+    "a manager of bytes": (
+        lambda d, v: statevar.CheckpointManager(b"ckpt"),
+        r"Cannot create a CheckpointManager: expected the directory .* got bytes b'ckpt'",
+    ),
+    "blocking not a bool": (
+        lambda d, v: statevar.save(d / "x", v, blocking="no"),
+        r"Cannot save a checkpoint: expected blocking= to be True or False, got str 'no'",
+    ),
+    "partial not a bool": (
+        lambda d, v: statevar.restore(d / "saved", v, partial=1),
+        r"Cannot restore a checkpoint: expected partial= to be True or False, got int 1",
+    ),
+    "manager partial not a bool": (
+        lambda d, v: statevar.CheckpointManager(d / "managed").restore(v, partial="yes"),
+        r"expected partial= to be True or False, got str 'yes'",
+    ),
+}
+
+
+@pytest.mark.parametrize("call", _BAD_ARGUMENTS.values(), ids=_BAD_ARGUMENTS.keys())
+def test_arguments_of_the_wrong_kind_are_refused_by_name(tmp_path, call):
+    v = statevar.Variable(1.0, name="v")
+    statevar.save(tmp_path / "saved", v)
+    statevar.CheckpointManager(tmp_path / "managed").save(0, v)
+    v.assign(2.0)
+    refused, message = call
+    with pytest.raises(TypeError, match=message):
+        refused(tmp_path, v)
+    assert float(v) == 2.0 and not (tmp_path / "x").exists()
+    assert not any(pathlib.Path().glob("123*")) and not pathlib.Path("ckpt").exists()
 
 
 @pytest.mark.parametrize(
@@ -664,6 +707,7 @@ def test_manager_never_lists_an_interrupted_or_foreign_step(tmp_path):
     (tmp_path / "7").mkdir()  # empty
     shutil.copytree(tmp_path / "2", tmp_path / "8")
     (tmp_path / "8" / MANIFEST).unlink()  # killed before its manifest
+    (tmp_path / "8" / _manager.MANIFEST_WRITTEN).unlink()  # (written after the manifest)
     (tmp_path / "9.orbax-checkpoint-tmp").mkdir()  # killed while orbax wrote
 
     assert manager.all_steps() == [1, 2]
@@ -678,6 +722,86 @@ def test_manager_never_lists_an_interrupted_or_foreign_step(tmp_path):
     manager.save(8, w)  # replaces what an interrupted save of this step left
     assert manager.all_steps() == [1, 2, 3, 8]
     manager.restore(w, step=8)
+
+
+def _replace_by_a_directory(manifest):
+    manifest.unlink()
+    manifest.mkdir()
+
+
+def _replace_by_a_dangling_link(manifest):
+    manifest.unlink()
+    manifest.symlink_to(manifest.parent / "gone.json")
+
+
+_MANIFEST_DAMAGE = {
+    "deleted": (pathlib.Path.unlink, "was deleted"),
+    "a directory": (_replace_by_a_directory, "is a directory, not a file"),
+    "a dangling link": (_replace_by_a_dangling_link, r"is a link to '.*gone.json', which is no"),
+}
+
+
+@pytest.mark.parametrize(("damage", "why"), _MANIFEST_DAMAGE.values(), ids=_MANIFEST_DAMAGE.keys())
+def test_a_latest_step_whose_manifest_is_lost_is_never_skipped_silently(tmp_path, damage, why):
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path, max_to_keep=None)
+    for step in (1, 2):
+        w.assign([float(step)])
+        manager.save(step, w)
+    damage(tmp_path / "2" / MANIFEST)
+    w.assign([9.0])
+    damaged = (
+        rf"Checkpoint directory '.*': step 2 is damaged: it holds data, but its manifest "
+        rf"{MANIFEST} {why}.*nothing was restored. Restore an older step explicitly, "
+        r"manager.restore\(target, step=1\) \(the complete steps are \[1\]\)"
+    )
+    for restore in (lambda: manager.restore(w), lambda: manager.restore(w, step=2)):
+        with pytest.raises(statevar.CheckpointDamagedError, match=damaged) as raised:
+            restore()
+        assert isinstance(raised.value, statevar.CheckpointCorruptedError)
+        assert isinstance(raised.value, ValueError)
+        np.testing.assert_array_equal(w.numpy(), [9.0])
+    assert manager.all_steps() == [1]  # listed only once whole, as before
+    with pytest.raises(
+        statevar.CheckpointExistsError, match=r"that step holds data whose manifest"
+    ):
+        manager.save(2, w)  # the damaged data is never overwritten
+    assert manager.restore(w, step=1).step == 1  # explicitly
+    np.testing.assert_array_equal(w.numpy(), [1.0])
+
+
+def test_a_damaged_step_with_no_complete_step_is_said_too(tmp_path):
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path)
+    manager.save(4, w)
+    (tmp_path / "4" / MANIFEST).unlink()
+    with pytest.raises(
+        statevar.CheckpointDamagedError,
+        match=r"step 4 is damaged: .* There is no complete step to restore instead; move",
+    ):
+        manager.restore(w)
+
+
+def test_a_newer_save_that_did_not_finish_is_logged_with_the_step_restored(tmp_path, caplog):
+    w = statevar.Variable([1.0], name="w")
+    manager = statevar.CheckpointManager(tmp_path, max_to_keep=None)
+    manager.save(1, w)
+    w.assign([2.0])
+    manager.save(2, w)
+    # Killed after orbax wrote the data and before the manifest: no manifest, no sign of one.
+    for name in (MANIFEST, _manager.MANIFEST_WRITTEN):
+        (tmp_path / "2" / name).unlink()
+    with caplog.at_level(logging.WARNING, logger="statevar"):
+        assert manager.restore(w).step == 1
+    assert [r.levelno for r in caplog.records if "no manifest" in r.getMessage()] == [
+        logging.WARNING
+    ]
+    assert re.search(
+        r"Step 2 in checkpoint directory '.*' holds data but no manifest: a save that did "
+        r"not finish .* Restoring step 1 instead",
+        caplog.text,
+    )
+    np.testing.assert_array_equal(w.numpy(), [1.0])
 
 
 def test_manager_refuses_to_overwrite_a_step(tmp_path):

@@ -105,6 +105,52 @@ def test_raise_refuses_an_eager_copy_and_changes_nothing(update):
     assert before() is None or before().is_deleted()
 
 
+def _compiled_update(variable):
+    _step_for(variable)(jnp.ones(variable.shape, variable.dtype))
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first update", "warm"])
+@pytest.mark.parametrize("update", [*UPDATES, _compiled_update])
+def test_a_kept_copy_error_holds_no_array(update, warm):
+    # The error's traceback keeps its frames alive: none may hold the variable's array, or
+    # the update retried once the read is gone would still find it held.
+    v = statevar.Variable(jnp.arange(3.0), name="weights")
+    step = _step_for(v)
+    if warm:
+        _warm(v)
+        step(jnp.zeros(3))
+    read = v.value
+    with statevar.copy_policy("raise"):
+        try:
+            update(v) if update is not _compiled_update else step(jnp.ones(3))
+        except statevar.CopyError as error:
+            kept = error
+        del read
+        update(v) if update is not _compiled_update else step(jnp.ones(3))  # donated
+    assert isinstance(kept, statevar.CopyError) and HELD in str(kept)
+
+
+def test_a_kept_update_error_holds_no_array():
+    v = statevar.Variable(jnp.arange(3.0), name="weights")
+    _warm(v)
+    read = v.value
+    errors = []
+    for bad in (jnp.ones(4), "text", jnp.full(3, 1j)):
+        try:
+            v.assign(bad)
+        except (TypeError, ValueError) as error:
+            errors.append(error)
+    try:
+        v[7] = 1.0
+    except IndexError as error:
+        errors.append(error)
+    del read
+    with statevar.copy_policy("raise"):
+        v.assign_add(1.0)  # no kept error holds the array: donated
+    assert len(errors) == 4
+    np.testing.assert_array_equal(v.value, [1.0, 2.0, 3.0])
+
+
 def test_min_bytes_lets_small_copies_pass():
     v = statevar.Variable(jnp.zeros(4), name="small")
     read = v.value

@@ -263,6 +263,34 @@ def test_batch_norm_statistics_match_the_same_model_in_pure_jax(transform):
     )
 
 
+@pytest.mark.parametrize(
+    ("loss", "given"),
+    [
+        (lambda w: w.value * jnp.ones(3), r"shape \(3,\) float32"),
+        (lambda w: "loss", "str 'loss'"),
+        (lambda w: jnp.int32(1), r"shape \(\) int32"),
+    ],
+    ids=["a vector", "a str", "an integer"],
+)
+@pytest.mark.parametrize("transform", [statevar.grad, statevar.value_and_grad])
+def test_a_loss_that_has_no_gradient_is_refused_by_name(loss, given, transform):
+    w = statevar.Variable(2.0, name="w")
+
+    def objective():
+        return loss(w)
+
+    with pytest.raises(
+        TypeError,
+        match=r"Cannot differentiate 'objective' with statevar.grad: expected it to return a "
+        r"real floating-point scalar \(a loss\), got " + given,
+    ):
+        transform(objective, w)()
+    if transform is statevar.value_and_grad:
+        with pytest.raises(TypeError, match=r"\(a loss\) first in a \(loss, aux\) pair"):
+            transform(lambda: (loss(w), None), w, has_aux=True)()
+    assert float(w) == 2.0
+
+
 def test_creating_a_variable_inside_grad_is_refused():
     w = statevar.Variable(1.0)
 

@@ -106,6 +106,9 @@ BOUNDARY = "_jax.py"
 # reading JAX's Python frames or private fields of its objects looks like.
 _INTERNAL_MODULES = ("jax.core", "jax.extend", "jax._src", "jax.interpreters", "jaxlib")
 _INTERNAL_NAMES = {"f_locals", "parent_trace", "traced_for", "debug_info", "_committed"}
+# Read by name: also a tracer's trace (statevar's frames have a ``_trace`` attribute of
+# their own, read as an attribute).
+_INTERNAL_NAMES_IN_STRINGS = _INTERNAL_NAMES | {"_trace"}
 
 
 def _is_internal_module(name: str) -> bool:
@@ -138,7 +141,7 @@ def _uses_of_jax_internals(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> 
         elif (
             isinstance(node, ast.Constant)
             and isinstance(node.value, str)
-            and node.value in _INTERNAL_NAMES
+            and node.value in _INTERNAL_NAMES_IN_STRINGS
         ):
             found.append(f"{where} names {node.value!r}")  # getattr(x, "name") and the like
     return found
@@ -161,6 +164,7 @@ def test_the_boundary_scan_finds_each_kind_of_use(tmp_path):
         "a = frame.f_locals\n"
         "b = getattr(array, '_committed', False)\n"
         "c = trace.parent_trace\n"
+        "e = getattr(tracer, '_trace', None)\n"
         "d = traced.jaxpr.jaxpr\n"
     )
     uses = sorted(use.split(" ", 1)[1] for use in _uses_of_jax_internals(path, tmp_path))
@@ -173,6 +177,7 @@ def test_the_boundary_scan_finds_each_kind_of_use(tmp_path):
             "reads .f_locals",
             "names '_committed'",
             "reads .parent_trace",
+            "names '_trace'",
             "reads .jaxpr.jaxpr",
         ]
     )

@@ -1079,6 +1079,67 @@ def test_shardings_for_the_compiled_step_are_refused(keyword):
         statevar.jit(lambda x: x, **{keyword: None})
 
 
+@pytest.mark.parametrize(
+    ("keyword", "value", "given"),
+    [
+        ("static_argnums", "a", "static_argnums to be an int or a sequence of them, got str"),
+        ("static_argnums", [0, "b"], r"static_argnums .* got list \[0, .b.\]"),
+        ("static_argnames", 3, "static_argnames to be a str or a sequence of them, got int"),
+    ],
+)
+def test_static_arguments_of_the_wrong_kind_are_refused_by_name(keyword, value, given):
+    def scale(x, factor):
+        return x * factor
+
+    with pytest.raises(
+        TypeError, match=f"Cannot compile 'scale' with statevar.jit: expected {given}"
+    ):
+        statevar.jit(scale, **{keyword: value})
+
+
+def _escaped_tracer():
+    """A tracer kept by a side effect after its jax.jit finished."""
+    kept = []
+    jax.jit(lambda: kept.append(jnp.full(3, 2.0)))()
+    return kept[0]
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        lambda v, leaked: v.assign(leaked),
+        lambda v, leaked: v.assign_add(leaked),
+        lambda v, leaked: v.__setitem__(0, leaked[1]),
+    ],
+    ids=["assign", "assign_add", "setitem of a value computed from it"],
+)
+@pytest.mark.parametrize("transform", ["jit", "grad"])
+def test_an_escaped_tracer_assigned_in_a_step_is_a_trace_context_error(update, transform):
+    # Eagerly the same assignment is a TraceContextError; JAX's own error names no variable.
+    v = statevar.Variable(jnp.arange(3.0), name="weights")
+    w = statevar.Variable(1.0, name="w")
+    leaked = _escaped_tracer()
+    with pytest.raises(statevar.TraceContextError, match="Cannot assign to Variable 'weights'"):
+        v.assign(leaked)
+
+    def body():
+        update(v, leaked)
+        return w * w
+
+    step = statevar.jit(body) if transform == "jit" else statevar.grad(body, w)
+    with pytest.raises(
+        statevar.TraceContextError, match="escaped the JAX transformation"
+    ) as caught:
+        step()
+    # The variable is named where the value assigned is the escaped tracer itself; a value
+    # computed from one is found only as the step's trace ends, naming the step.
+    message = str(caught.value)
+    assert "Variable 'weights'" in message or "'body' used a tracer" in message, message
+    chex.assert_trees_all_equal(v.value, jnp.arange(3.0))
+    v.assign_add(1.0)  # and it still updates
+    chex.assert_trees_all_equal(v.value, jnp.arange(1.0, 4.0))
+
+
 def test_plain_jax_jit_assigning_a_variable_is_a_clear_error_and_keeps_the_value():
     v = statevar.Variable([1.0, 2.0], name="weights")
 

@@ -630,3 +630,18 @@ def test_per_replica_is_a_pytree():
     chex.assert_trees_all_close(doubled.values[0], np.full(2, 2.0, np.float32))
     assert repr(statevar.PerReplica(jnp.ones((4, 3)))) == "PerReplica(float32[4, 3])"
     assert statevar.PerReplica(values).values is values.values
+
+
+def test_a_kept_copy_error_holds_no_replica_array(mesh):
+    # The refused update's frames hold the old array: a kept error must not keep them.
+    v = on_read(jnp.zeros(2), "sum", mesh, name="v")
+    v.assign_add(jnp.ones(2))
+    read = v.replica_values
+    with statevar.copy_policy("raise"):
+        try:
+            v.assign_add(jnp.ones(2))
+        except statevar.CopyError as error:
+            kept = error
+        del read
+        v.assign_add(jnp.ones(2))  # nothing holds the array now: donated
+    assert "Variable 'v'" in str(kept)

@@ -530,6 +530,12 @@ BAD_PAIRS = {
         TypeError,
         r"Expected an array gradient for Variable 'w', got str",
     ),
+    "not iterable": (
+        lambda w, v: 3,
+        TypeError,
+        r"Expected Optimizer 'optimizer'.apply_gradients to get \(gradient, variable\) "
+        r"pairs, .* got int, which is not iterable",
+    ),
 }
 
 

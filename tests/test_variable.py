@@ -4,6 +4,7 @@ hashing, copying and use inside plain JAX transformations."""
 import contextlib
 import copy
 import operator
+import re
 from unittest import mock
 
 import chex
@@ -12,8 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import statevar
+from statevar import _creation
 
 # ----------------------------------------------------------------------- creation and dtype
 
@@ -444,10 +447,52 @@ def test_reading_out_of_range_is_refused_as_writing_is(index, error, match):
     chex.assert_trees_all_equal(table[1:10, -1], jnp.array([3.0, 5.0]))  # slices clip
 
 
-def test_an_index_numpy_does_not_take_is_left_to_jax():
+@pytest.mark.parametrize(
+    ("index", "error", "given"),
+    [
+        ("x", TypeError, r"\['x'\]: .*string indexing"),
+        (1.0, TypeError, r"\[1.0\]: .*integer or boolean type"),
+        (jnp.array(1.5), TypeError, r"\[Array\(1.5.*integer or boolean type"),
+        ({}, IndexError, r"\[\{\}\]: .*only integers"),
+        ((0, object()), IndexError, r"\[\(0, <object .*only integers"),
+    ],
+)
+def test_an_index_of_a_kind_jax_refuses_is_named(index, error, given):
+    # JAX's own message names no variable (and, for a str, says "JAX").
     table = statevar.Variable(np.arange(6.0).reshape(3, 2), name="table")
-    with pytest.raises(TypeError):  # JAX's own error, as for a jax.Array
-        table[1.0]
+    with pytest.raises(
+        error,
+        match=r"Cannot read Variable 'table'" + given + r".*the variable's shape is \(3, 2\)",
+    ) as caught:
+        table[index]
+    assert "expected an index of integers, slices" in str(caught.value)
+    chex.assert_trees_all_equal(table.value, jnp.arange(6.0).reshape(3, 2))
+
+
+@pytest.mark.parametrize(
+    ("convert", "kind"), [(int, "int"), (float, "float"), (complex, "complex")]
+)
+def test_converting_a_variable_of_several_elements_to_a_python_number_is_named(convert, kind):
+    v = statevar.Variable([1.0, 2.0], name="pair")
+    with pytest.raises(
+        TypeError,
+        match=rf"Cannot convert Variable 'pair' to a Python {kind}: expected shape \(\), got "
+        r"shape \(2,\)",
+    ):
+        convert(v)
+    with pytest.raises(TypeError, match=r"Variable 'pair' to a Python int"):
+        [10, 20, 30][v]  # __index__
+    assert convert(v[1]) == 2 and int(statevar.Variable(3)) == 3
+
+
+def test_truth_and_iteration_of_a_variable_that_has_none_are_named():
+    with pytest.raises(
+        ValueError, match=r"truth value of Variable 'pair' \(shape \(2,\)\) is ambiguous"
+    ):
+        bool(statevar.Variable([1.0, 2.0], name="pair"))
+    with pytest.raises(TypeError, match=r"Cannot iterate over unsized Variable 'one'"):
+        iter(statevar.Variable(1.0, name="one"))
+    assert bool(statevar.Variable([1.0])) and list(statevar.Variable([1, 2])) == [1, 2]
 
 
 def test_reading_out_of_range_inside_a_compiled_step_is_refused_as_it_traces():
@@ -1255,3 +1300,106 @@ def test_format_spec_formats_a_0d_value_as_a_jax_array_does():
     assert f"{loss}" == str(loss)
     with pytest.raises(TypeError, match=r"Cannot format Variable 'w' with '.3f': it has shape"):
         f"{statevar.Variable([1.0, 2.0], name='w'):.3f}"
+
+
+# --------------------------------------------------------------------------- sizes at creation
+
+
+@pytest.mark.parametrize(
+    ("view", "dtype", "needs"),
+    [
+        (np.broadcast_to(np.int64(1), (2**20, 2**20)), "int32", "4,398,046,511,104 bytes"),
+        (np.broadcast_to(np.float32(1), (2**41,)), "float32", "8,796,093,022,208 bytes"),
+    ],
+    ids=["2**40 int64 elements", "8 TiB of float32"],
+)
+def test_a_value_too_large_for_memory_is_refused_from_its_shape_alone(view, dtype, needs):
+    # A broadcast view holds one element: its 2**40 are never read, converted or copied.
+    with pytest.raises(
+        statevar.OutOfMemoryError,
+        match=rf"Cannot create Variable 'huge' of shape {re.escape(str(view.shape))} and dtype "
+        rf"{dtype}: it needs {needs} \(.* TiB\), more than the memory of this host",
+    ) as caught:
+        statevar.Variable(view, name="huge")
+    assert isinstance(caught.value, MemoryError) and "Nothing was allocated" in str(caught.value)
+
+
+def test_a_broadcast_view_is_range_checked_and_converted_by_its_distinct_elements():
+    view = np.broadcast_to(np.arange(3, dtype=np.int64)[:, None], (3, 1000))
+    v = statevar.Variable(view, name="rows")
+    assert (v.shape, v.dtype) == ((3, 1000), jnp.int32)
+    chex.assert_trees_all_equal(v.value, jnp.broadcast_to(jnp.arange(3)[:, None], (3, 1000)))
+    with pytest.raises(statevar.DtypeMismatchError, match="out of range for the variable's dtype"):
+        statevar.Variable(np.broadcast_to(np.int64(2**40), (1000, 1000)), name="wide")
+    with pytest.raises(statevar.DtypeMismatchError, match=r"\(1e\+300\) is out of range"):
+        statevar.Variable(np.broadcast_to(np.float64(1e300), (1000, 1000)), name="far")
+    v.assign(np.broadcast_to(np.int64(-5), (3, 1000)))
+    assert int(v.value.sum()) == -15000
+
+
+@pytest.fixture
+def one_mib_host(monkeypatch):
+    """A host (and so every CPU device) of 1 MiB."""
+    monkeypatch.setattr(_creation, "host_memory", lambda: 2**20)
+
+
+def test_each_devices_shard_is_checked_against_its_memory(one_mib_host):
+    devices = np.array(jax.devices()[:4])
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, ("x",)), P("x"))
+    # 2 MiB, of 512 KiB on each of 4 devices: computed on the device, it fits.
+    spread = statevar.Variable(jnp.zeros(2**19), sharding=sharding, name="spread")
+    assert spread.sharding == sharding
+    with pytest.raises(
+        statevar.OutOfMemoryError,
+        match=r"Variable 'whole' of shape \(524288,\) and dtype float32: it needs 2,097,152 "
+        r"bytes \(2.0 MiB\), more than the memory of this host, which holds .* spread it over",
+    ):
+        statevar.Variable(jnp.zeros(2**19), name="whole")
+    with pytest.raises(
+        statevar.OutOfMemoryError,
+        match=r"8,388,608 bytes \(8.0 MiB\) \(2,097,152 bytes on each of its devices\), more than",
+    ):
+        statevar.Variable(jnp.zeros(2**21), sharding=sharding, name="wide")
+    with pytest.raises(
+        statevar.OutOfMemoryError,
+        match=r"more than the memory of this host, where it is converted first .* initializer",
+    ):
+        statevar.Variable(np.zeros(2**19, np.float32), sharding=sharding, name="numpy")
+    with pytest.raises(statevar.OutOfMemoryError, match=r"Variable 'made' .* each of its devices"):
+        statevar.Variable(lambda: jnp.zeros(2**21), sharding=sharding, name="made")
+
+
+def test_a_device_reporting_its_memory_is_checked_against_its_allocators_limit():
+    class Accelerator:
+        platform = "gpu"
+
+        def memory_stats(self):
+            return {"bytes_limit": 1000, "bytes_in_use": 10}
+
+        def __str__(self):
+            return "cuda:0"
+
+    class Silent:
+        platform = "tpu"
+
+        def memory_stats(self):
+            return None
+
+    assert _creation.device_memory(Accelerator()) == (1000, "the memory of cuda:0")
+    assert _creation.device_memory(Silent()) is None  # nothing known: nothing refused
+    with pytest.raises(statevar.OutOfMemoryError, match=r"needs 4,000 bytes .* cuda:0 \(1,000"):
+        _creation.check_size("w", (1000,), np.float32, Accelerator(), on_host=False)
+    _creation.check_size("w", (250,), np.float32, Accelerator(), on_host=False)
+
+
+def test_memory_that_is_not_free_now_is_named_too(monkeypatch):
+    def exhausted(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 4096")
+
+    monkeypatch.setattr(_creation, "_placed_copy", exhausted)
+    with pytest.raises(
+        statevar.OutOfMemoryError,
+        match=r"Variable 'w' of shape \(1024,\) and dtype float32: its 4,096 bytes do not fit "
+        r"in the memory free on the host or on its device now \(RESOURCE_EXHAUSTED",
+    ):
+        statevar.Variable(np.zeros(1024, np.float32), name="w")
