@@ -1,0 +1,67 @@
+# Gradients of R functions with respect to variables.
+
+#' Returns a function computing `f`'s value and its gradient with respect to `wrt`.
+#'
+#' `f` is an R function returning a scalar, reading variables by closure (as with
+#' tf$GradientTape) or taking arguments. `wrt` is a variable or a (named) list of them.
+#' The returned function takes `f`'s arguments and returns list(value =, grads =), where
+#' `grads` mirrors `wrt`: an array per variable, NULL for one the value does not depend on
+#' or that is not trainable.
+value_and_grad <- function(f, wrt, has_aux = FALSE) {
+  differentiated <- with_python_errors(statevar_module()$value_and_grad(
+    python_function(f, has_aux), python_tree(wrt), has_aux = isTRUE(has_aux)
+  ))
+  function(...) {
+    args <- lapply(list(...), to_python)
+    out <- with_python_errors(do.call(reticulate::py_call, c(list(differentiated), args)), call = sys.call())
+    result <- from_python(out)
+    list(value = result[[1L]], grads = result[[2L]])
+  }
+}
+
+#' Returns a function computing the gradient of `f` with respect to `wrt`.
+#'
+#' As `value_and_grad`, returning only the gradients, shaped as `wrt`.
+grad <- function(f, wrt) {
+  differentiated <- with_python_errors(
+    statevar_module()$grad(python_function(f, FALSE), python_tree(wrt))
+  )
+  function(...) {
+    args <- lapply(list(...), to_python)
+    from_python(with_python_errors(do.call(reticulate::py_call, c(list(differentiated), args)), call = sys.call()))
+  }
+}
+
+# `wrt` for Python: a variable as it is, an unnamed list as a Python list, a named list as
+# a dict.
+python_tree <- function(wrt) {
+  if (is_python(wrt)) {
+    return(wrt)
+  }
+  if (!is.list(wrt)) {
+    stop("statevar: wrt must be a Variable or a list of Variables; got ",
+      paste(class(wrt), collapse = "/"), call. = FALSE)
+  }
+  reticulate::r_to_py(lapply(wrt, python_tree))
+}
+
+# An R function as a Python callable for statevar: its arguments arrive as Python objects
+# marked with the package's classes, so R's operators on them run in JAX (on tracers while
+# differentiating), and its result goes back as a Python value.
+python_function <- function(f, has_aux) {
+  force(f)
+  reticulate::r_to_py(function(...) {
+    result <- do.call(f, lapply(list(...), from_python))
+    if (isTRUE(has_aux)) {
+      if (!is.list(result) || length(result) != 2L) {
+        stop("statevar: with has_aux = TRUE, the function must return list(value, aux)")
+      }
+      return(reticulate::tuple(to_python(result[[1L]]), python_aux(result[[2L]])))
+    }
+    to_python(result)
+  }, convert = FALSE)
+}
+
+python_aux <- function(aux) {
+  if (is.list(aux)) reticulate::r_to_py(lapply(aux, python_aux)) else to_python(aux)
+}

@@ -1,0 +1,70 @@
+# Variables and arrays in R: creation, updates, and their R values.
+
+#' Creates a variable from an R value, a JAX array or another variable (copied).
+Variable <- function(initial_value, dtype = NULL, name = NULL, trainable = NULL, device = NULL) {
+  value <- to_python(initial_value, what = "Variable's initial value")
+  variable <- with_python_errors(statevar_module()$Variable(
+    value, dtype = dtype, name = name, trainable = trainable, device = device
+  ))
+  as_statevar_object(variable, "variable")
+}
+
+#' The value as a JAX array (a variable's current value), of `dtype` if given.
+as_jax <- function(x, dtype = NULL) {
+  value <- to_python(x, what = "as_jax's value")
+  as_statevar_object(with_python_errors(bridge()$as_array(value, dtype = dtype)), "array")
+}
+
+#' A placement scope for `with()`: variables created and arithmetic on variables run there.
+device <- function(name) {
+  with_python_errors(statevar_module()$device(name))
+}
+
+#' Turns placement logging (on Python's "statevar" logger) on or off.
+set_log_device_placement <- function(enabled) {
+  invisible(with_python_errors(statevar_module()$set_log_device_placement(isTRUE(enabled))))
+}
+
+# The updates take R values; each returns the variable, as in Python.
+update_methods <- c("assign", "assign_add", "assign_sub")
+
+`$.statevar_variable` <- function(x, name) {
+  if (name %in% update_methods) {
+    method <- NextMethod()
+    return(function(value, ...) {
+      value <- to_python(value, what = sprintf("the value given to %s", name))
+      result <- with_python_errors(method(value, ...), call = sys.call())
+      as_statevar_object(result, "variable")
+    })
+  }
+  attribute <- NextMethod()
+  if (is_python(attribute)) as_statevar_object(attribute) else attribute
+}
+
+as.array.statevar_array <- function(x, ...) to_r(x)
+
+as.vector.statevar_array <- function(x, mode = "any") as.vector(to_r(x), mode = mode)
+
+as.double.statevar_array <- function(x, ...) as.double(to_r(x))
+
+as.integer.statevar_array <- function(x, ...) as.integer(to_r(x))
+
+as.logical.statevar_array <- function(x, ...) as.logical(to_r(x))
+
+as.complex.statevar_array <- function(x, ...) as.complex(to_r(x))
+
+dim.statevar_array <- function(x) {
+  as.integer(unlist(reticulate::py_to_r(reticulate::py_get_attr(x, "shape"))))
+}
+
+length.statevar_array <- function(x) {
+  as.integer(prod(dim.statevar_array(x)))
+}
+
+print.statevar_array <- function(x, ...) {
+  cat(reticulate::py_to_r(bridge()$describe(x)), "\n", sep = "")
+  if (reticulate::py_to_r(bridge()$is_concrete(x))) {
+    print(to_r(x), ...)
+  }
+  invisible(x)
+}
