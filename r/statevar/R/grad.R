@@ -12,10 +12,9 @@ value_and_grad <- function(f, wrt, has_aux = FALSE) {
     python_function(f, has_aux), python_tree(wrt), has_aux = isTRUE(has_aux)
   ))
   function(...) {
-    args <- lapply(list(...), to_python)
-    out <- with_python_errors(do.call(reticulate::py_call, c(list(differentiated), args)), call = sys.call())
-    result <- from_python(out)
-    list(value = result[[1L]], grads = result[[2L]])
+    call <- sys.call()
+    result <- call_differentiated(differentiated, list(...), call)
+    list(value = result[[1L]], grads = in_order_of(result[[2L]], wrt))
   }
 }
 
@@ -27,9 +26,36 @@ grad <- function(f, wrt) {
     statevar_module()$grad(python_function(f, FALSE), python_tree(wrt))
   )
   function(...) {
-    args <- lapply(list(...), to_python)
-    from_python(with_python_errors(do.call(reticulate::py_call, c(list(differentiated), args)), call = sys.call()))
+    call <- sys.call()
+    in_order_of(call_differentiated(differentiated, list(...), call), wrt)
   }
+}
+
+# Calls statevar's differentiated function. An R error raised by the R function being
+# differentiated is raised again as itself, not as the Python error it passed through.
+call_differentiated <- function(differentiated, args, call) {
+  .state$callback_error <- NULL
+  on.exit(.state$callback_error <- NULL)
+  out <- tryCatch(
+    do.call(reticulate::py_call, c(list(differentiated), lapply(args, to_python))),
+    error = function(e) {
+      if (!is.null(.state$callback_error)) stop(.state$callback_error)
+      with_python_errors(stop(e), call = call)
+    }
+  )
+  from_python(out)
+}
+
+# Gradients of a named list come back from a Python dict, in its sorted key order; R keeps
+# the order of `wrt`'s names.
+in_order_of <- function(grads, wrt) {
+  if (is_python(wrt) || !is.list(grads)) {
+    return(grads)
+  }
+  if (!is.null(names(wrt))) {
+    grads <- grads[names(wrt)]
+  }
+  stats::setNames(Map(in_order_of, grads, wrt), names(grads))
 }
 
 # `wrt` for Python: a variable as it is, an unnamed list as a Python list, a named list as
@@ -51,7 +77,10 @@ python_tree <- function(wrt) {
 python_function <- function(f, has_aux) {
   force(f)
   reticulate::r_to_py(function(...) {
-    result <- do.call(f, lapply(list(...), from_python))
+    result <- tryCatch(do.call(f, lapply(list(...), from_python)), error = function(e) {
+      .state$callback_error <- e
+      stop(e)
+    })
     if (isTRUE(has_aux)) {
       if (!is.list(result) || length(result) != 2L) {
         stop("statevar: with has_aux = TRUE, the function must return list(value, aux)")

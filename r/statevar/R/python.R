@@ -29,7 +29,9 @@ bridge <- function() {
 # c(<Python class name>, "statevar_error", "error", "condition") whose message is the
 # exception's, e.g. "ShapeMismatchError: Cannot assign to Variable 'a': ...".
 with_python_errors <- function(expr, call = sys.call(-1L)) {
+  force(call)
   tryCatch(expr, error = function(e) {
+    if (inherits(e, "statevar_error")) stop(e)
     parsed <- parse_python_error(conditionMessage(e))
     if (is.null(parsed)) stop(e)
     stop(errorCondition(
@@ -45,6 +47,8 @@ with_python_errors <- function(expr, call = sys.call(-1L)) {
 # Returns NULL for an error that did not come from Python.
 parse_python_error <- function(text) {
   text <- sub("\n*Run `reticulate::py_last_error\\(\\)` for details\\.\n*$", "", text)
+  # JAX's note on the traceback it filtered follows the message.
+  text <- sub("\n-{10,}\nFor simplicity, JAX has removed its internal frames[\\s\\S]*$", "", text, perl = TRUE)
   text <- sub("\n+$", "", text)
   pattern <- "^(?:[A-Za-z_][A-Za-z0-9_]*\\.)*([A-Za-z_][A-Za-z0-9_]*(?:Error|Exception|Interrupt|Exit)): "
   match <- regmatches(text, regexec(pattern, text, perl = TRUE))[[1L]]
@@ -84,7 +88,8 @@ array_methods <- function() {
     as.complex = as.complex.statevar_array,
     dim = dim.statevar_array,
     length = length.statevar_array,
-    print = print.statevar_array
+    print = print.statevar_array,
+    "$" = `$.statevar_array`
   )
 }
 
@@ -95,8 +100,5 @@ register_python_classes <- function() {
     for (generic in names(methods)) {
       registerS3method(generic, class, methods[[generic]], envir = namespace)
     }
-  }
-  for (class in python_variable_classes) {
-    registerS3method("$", class, `$.statevar_variable`, envir = namespace)
   }
 }

@@ -17,29 +17,55 @@ as_jax <- function(x, dtype = NULL) {
 
 #' A placement scope for `with()`: variables created and arithmetic on variables run there.
 device <- function(name) {
-  with_python_errors(statevar_module()$device(name))
+  scope <- with_python_errors(statevar_module()$device(name))
+  class(scope) <- c("statevar_device_scope", class(scope))
+  scope
+}
+
+# Enters the scope (where a device name is checked) with statevar's errors as R errors,
+# evaluates `expr` in the caller's environment, and leaves the scope however it ends.
+with.statevar_device_scope <- function(data, expr, ...) {
+  with_python_errors(data$`__enter__`(), call = sys.call())
+  tryCatch(force(expr), finally = data$`__exit__`(NULL, NULL, NULL))
 }
 
 #' Turns placement logging (on Python's "statevar" logger) on or off.
 set_log_device_placement <- function(enabled) {
-  invisible(with_python_errors(statevar_module()$set_log_device_placement(isTRUE(enabled))))
+  invisible(with_python_errors(bridge()$set_log_device_placement(isTRUE(enabled))))
 }
 
 # The updates take R values; each returns the variable, as in Python.
 update_methods <- c("assign", "assign_add", "assign_sub")
 
-`$.statevar_variable` <- function(x, name) {
-  if (name %in% update_methods) {
-    method <- NextMethod()
+`$.statevar_array` <- function(x, name) {
+  if (name %in% update_methods && inherits(x, python_variable_classes)) {
+    method <- reticulate::py_get_attr(x, name)
     return(function(value, ...) {
+      call <- sys.call()
       value <- to_python(value, what = sprintf("the value given to %s", name))
-      result <- with_python_errors(method(value, ...), call = sys.call())
+      result <- with_python_errors(reticulate::py_call(method, value, ...), call = call)
       as_statevar_object(result, "variable")
     })
   }
-  attribute <- NextMethod()
-  if (is_python(attribute)) as_statevar_object(attribute) else attribute
+  # Not NextMethod(): this method is also registered for the Python classes further along
+  # x's class vector.
+  attribute <- with_python_errors(reticulate::py_get_attr(x, name), call = sys.call())
+  if (!is_python(attribute)) {
+    return(attribute)
+  }
+  if (inherits(attribute, python_scalar_classes)) {
+    return(reticulate::py_to_r(attribute))
+  }
+  if (inherits(attribute, "numpy.dtype")) {
+    return(reticulate::py_str(attribute))
+  }
+  as_statevar_object(attribute)
 }
+
+# Python values that read as R values: v$name, v$trainable (and v$dtype, as its name).
+python_scalar_classes <- c(
+  "python.builtin.bool", "python.builtin.int", "python.builtin.float", "python.builtin.str"
+)
 
 as.array.statevar_array <- function(x, ...) to_r(x)
 

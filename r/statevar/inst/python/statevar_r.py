@@ -6,7 +6,9 @@ no conversion goes through NumPy's C interface (which reticulate 1.28 cannot use
 
 from __future__ import annotations
 
+import logging
 import operator
+import sys
 from typing import Any
 
 import jax
@@ -213,3 +215,16 @@ def as_array(value: Any, dtype: Any = None) -> jax.Array:
     """R's ``as_jax``: the value as a JAX array, of ``dtype`` if given."""
     array = value_of(value)
     return array if dtype is None else array.astype(dtype)
+
+
+def set_log_device_placement(enabled: bool) -> None:
+    """Turns placement logging on or off, and makes the "statevar" logger's INFO records
+    reach standard error when Python's logging is not set up (as from R it seldom is)."""
+    statevar.set_log_device_placement(enabled)
+    logger = logging.getLogger("statevar")
+    if enabled and not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        logger.addHandler(handler)
+    if enabled and logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
