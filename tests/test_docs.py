@@ -66,11 +66,13 @@ def read_blocks(text: str, language: str = "python") -> list[Block]:
         blocks.append(Block(info[0].lower() if info else "", i + 2, "\n".join(body) + "\n"))
         i = j + 1
     paired: list[Block] = []
+    previous: Block | None = None
     for block in blocks:
-        if block.language == "output" and paired and paired[-1].language == language:
-            paired[-1].expected_output = block.source
+        if block.language == "output" and previous is not None and previous.language == language:
+            previous.expected_output = block.source
         elif block.language == language:
             paired.append(block)
+        previous = block
     return paired
 
 

@@ -164,7 +164,7 @@ CASES: dict[str, tuple[str, str]] = {
         print(as.array(Variable(c(NA, 1))))
         print(as.array(Variable(array(7, 1))))
         """,
-        "[[1]]\n[1] 3\n\n[[2]]\ninteger(0)\n\n[[3]]\n[1] 1\n\n[[4]]\n[1] \"()\"\n\n"
+        '[[1]]\n[1] 3\n\n[[2]]\ninteger(0)\n\n[[3]]\n[1] 1\n\n[[4]]\n[1] "()"\n\n'
         "[[1]]\nnumeric(0)\n\n[[2]]\n[1] 0\n\n[[3]]\n[1] 0\n\n[1] NaN   1\n[1] 7",
     ),
     "na_integer_refused": (
@@ -276,7 +276,8 @@ CASES: dict[str, tuple[str, str]] = {
         a <- Variable(array(1:6, c(2, 3)), dtype = "float32")
         b <- array(1:6, c(3, 2))
         print(identical(as.array(a %*% b), base::`%*%`(array(1:6, c(2, 3)), b) + 0))
-        print(identical(matrix(1:4, 2) %*% matrix(1:4, 2), base::`%*%`(matrix(1:4, 2), matrix(1:4, 2))))
+        m <- matrix(1:4, 2)
+        print(identical(m %*% m, base::`%*%`(m, m)))
         print(as.array(b %*% Variable(c(1, 1))))
         print(as.array(Variable(c(1, 2, 3)) %*% c(1, 1, 1)))
         """,
@@ -291,7 +292,7 @@ CASES: dict[str, tuple[str, str]] = {
         print(all.equal(as.array(exp(v / 10)), exp(x / 10), tolerance = 1e-6))
         print(as.vector(cumsum(v)))
         print(as.vector(round(v / 7, 2)))
-        print(c(as.numeric(sum(v)), as.numeric(max(v)), as.numeric(min(v, 0.5)), as.numeric(mean(v))))
+        print(sapply(list(sum(v), max(v), min(v, 0.5), mean(v)), as.numeric))
         print(as.vector(range(v, c(-1, 100))))
         print(c(as.logical(any(v > 30)), as.logical(all(v > 30))))
         print(as.array(t(v)))
