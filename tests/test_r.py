@@ -219,6 +219,28 @@ CASES: dict[str, tuple[str, str]] = {
         "     [,1] [,2]\n[1,]    5    7\n[2,]    6    8\n"
         "     [,1] [,2]\n[1,]    1    3\n[2,]    2    4",
     ),
+    "indexing_uses_r_indices": (
+        """
+        v <- Variable(array(1:6, c(2, 3)), name = "v")
+        str(list(v[1, 2], v[, 3], v[-1, ], v[c(TRUE, FALSE)]))
+        same <- v
+        v[1, 2] <- 30L
+        print(identical(same, v))
+        print(as.array(same))
+        tryCatch(v[1, 1] <- 0.5, DtypeMismatchError = function(e) cat("refused\\n"))
+        print(as.array(v)[1, 1])
+        """,
+        "List of 4\n $ : int 3\n $ : int [1:2] 5 6\n $ : int [1:3] 2 4 6\n $ : int [1:3] 1 3 5\n"
+        "[1] TRUE\n     [,1] [,2] [,3]\n[1,]    1   30    5\n[2,]    2    4    6\nrefused\n[1] 1",
+    ),
+    "na_operands": (
+        """
+        print(as.array(Variable(c(1, 2)) + NA_real_))
+        Variable(1L) + NA
+        """,
+        "[1] NaN NaN\nR error: simpleError/error/condition: statevar: an operand holds NA, which "
+        "logical values cannot hold in JAX (only doubles have NaN)",
+    ),
     "operators_match_base_r": (
         """
         x <- array(c(1.5, -2, 3, 4.25, -5, 6), c(2, 3))
@@ -358,6 +380,18 @@ CASES: dict[str, tuple[str, str]] = {
         "[1]  4  8 12\nList of 3\n $ w     : num [1:3(1d)] 4 8 12\n $ frozen: NULL\n"
         " $ unused: NULL\n[1] 10 20 30\n[1] 4.6666670 0.6666667 1.3333334 2.0000000\n"
         "[1] 1 2 3",
+    ),
+    "gradient_with_aux": (
+        """
+        w <- Variable(c(1, 2))
+        out <- value_and_grad(function() list(sum(w * w), w * 10), w, has_aux = TRUE)()
+        str(lapply(out$value, as.vector))
+        print(as.vector(out$grads))
+        value_and_grad(function() sum(w), w, has_aux = TRUE)()
+        """,
+        "List of 2\n $ : num 5\n $ : num [1:2] 10 20\n[1] 2 4\n"
+        "R error: simpleError/error/condition: statevar: with has_aux = TRUE, the function "
+        "must return list(value, aux)",
     ),
     "gradient_of_a_failing_function": (
         """

@@ -34,7 +34,9 @@ to_operand <- function(x, scalar = TRUE) {
   if (is_python(x)) {
     return(x)
   }
-  if (scalar && is.null(dim(x)) && length(x) == 1L && is.atomic(x) && !is.na(x)) {
+  plain_number <- is.null(dim(x)) && length(x) == 1L && !is.factor(x) &&
+    (is.double(x) || is.complex(x) || ((is.integer(x) || is.logical(x)) && !is.na(x)))
+  if (scalar && plain_number) {
     return(reticulate::r_to_py(x))
   }
   to_numpy(x, scalar = FALSE, what = "an operand")

@@ -77,18 +77,23 @@ python_tree <- function(wrt) {
 python_function <- function(f, has_aux) {
   force(f)
   reticulate::r_to_py(function(...) {
-    result <- tryCatch(do.call(f, lapply(list(...), from_python)), error = function(e) {
+    args <- lapply(list(...), from_python)
+    # An R error here is kept, so that the gradient's caller gets it back as it was.
+    tryCatch(python_result(do.call(f, args), has_aux), error = function(e) {
       .state$callback_error <- e
       stop(e)
     })
-    if (isTRUE(has_aux)) {
-      if (!is.list(result) || length(result) != 2L) {
-        stop("statevar: with has_aux = TRUE, the function must return list(value, aux)")
-      }
-      return(reticulate::tuple(to_python(result[[1L]]), python_aux(result[[2L]])))
-    }
-    to_python(result)
   }, convert = FALSE)
+}
+
+python_result <- function(result, has_aux) {
+  if (!isTRUE(has_aux)) {
+    return(to_python(result))
+  }
+  if (!is.list(result) || length(result) != 2L) {
+    stop("statevar: with has_aux = TRUE, the function must return list(value, aux)", call. = FALSE)
+  }
+  reticulate::tuple(to_python(result[[1L]]), python_aux(result[[2L]]))
 }
 
 python_aux <- function(aux) {

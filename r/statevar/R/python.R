@@ -89,7 +89,8 @@ array_methods <- function() {
     dim = dim.statevar_array,
     length = length.statevar_array,
     print = print.statevar_array,
-    "$" = `$.statevar_array`
+    "$" = `$.statevar_array`,
+    "[" = `[.statevar_array`
   )
 }
 
@@ -100,5 +101,8 @@ register_python_classes <- function() {
     for (generic in names(methods)) {
       registerS3method(generic, class, methods[[generic]], envir = namespace)
     }
+  }
+  for (class in python_variable_classes) {
+    registerS3method("[<-", class, `[<-.statevar_variable`, envir = namespace)
   }
 }

@@ -94,3 +94,23 @@ print.statevar_array <- function(x, ...) {
   }
   invisible(x)
 }
+
+# Indexing reads R values, with R's indices (from 1, negative to drop, logical, matrix).
+`[.statevar_array` <- function(x, ...) {
+  to_r(x)[...]
+}
+
+# Assigning to elements of a variable, with R's indices, assigns the whole new value in
+# place (`v$assign()`), with its dtype and shape checks: `v[1, 2] <- 5` keeps `v` the
+# same variable.
+`[<-.statevar_variable` <- function(x, ..., value) {
+  call <- sys.call()
+  updated <- to_r(x)
+  updated[...] <- value
+  variable <- as_statevar_object(x, "variable")
+  with_python_errors(
+    reticulate::py_call(reticulate::py_get_attr(variable, "assign"), to_numpy(updated)),
+    call = call
+  )
+  variable
+}
