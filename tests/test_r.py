@@ -265,6 +265,16 @@ CASES: dict[str, tuple[str, str]] = {
         "[[1]]\n[1]  TRUE FALSE FALSE\n\n[[2]]\n[1]  TRUE FALSE  TRUE\n\n"
         "[[3]]\n[1] FALSE  TRUE FALSE",
     ),
+    "operator_errors_name_the_call": (
+        """
+        a <- Variable(c(1, 2))
+        e <- tryCatch(a * c(1, 2, 3), error = function(e) e)
+        cat(class(e)[1:2], deparse(conditionCall(e)), "\\n")
+        shapes <- "^TypeError: .*incompatible shapes.*[(]2,[)], [(]3,[)]"
+        print(grepl(shapes, conditionMessage(e)))
+        """,
+        "TypeError statevar_error a * c(1, 2, 3) \n[1] TRUE",
+    ),
     "weak_scalars_and_broadcasting": (
         """
         i <- Variable(c(1L, 2L))
