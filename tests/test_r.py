@@ -473,3 +473,12 @@ def test_statevar_python_finds_the_python(r_library, tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{os.path.realpath(sys.executable)} \n[1] 1 2" in result.stdout
+
+
+def test_ci_installs_r_before_running_the_tests():
+    # Without R, the tests above skip; CI must install it first so that they always run.
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    install = script.index("apt-get install")
+    assert "r-base-core r-cran-reticulate" in script[install:].splitlines()[0]
+    assert "DEBIAN_FRONTEND=noninteractive" in script[:install]
+    assert install < script.index("pytest")
