@@ -6,7 +6,8 @@ temporary directory (blocks may write files). A ```` ```output ```` block placed
 a python block states what that block prints; the test checks it.
 
 A page without python blocks must be generated from the docstrings (``::: statevar.X``),
-like the API reference; `test_docs_site` builds those with mkdocs.
+like the API reference; `test_docs_site` builds those with mkdocs. The R page
+(``docs/r.md``) holds ```` ```r ```` blocks instead, which `test_r` runs with Rscript.
 
 Soft device placement warns when a page asks for a device this machine lacks (``"gpu:0"``
 on a CPU-only machine); that warning is expected and allowed. Any other warning fails the
@@ -41,9 +42,9 @@ class Block:
     expected_output: str | None = None
 
 
-def read_blocks(text: str) -> list[Block]:
-    """Returns the fenced code blocks of a Markdown text, pairing each ``output`` block
-    with the python block right before it."""
+def read_blocks(text: str, language: str = "python") -> list[Block]:
+    """Returns the fenced code blocks of ``language`` in a Markdown text, pairing each
+    ``output`` block with the block of that language right before it."""
     blocks: list[Block] = []
     lines = text.splitlines()
     i = 0
@@ -65,11 +66,13 @@ def read_blocks(text: str) -> list[Block]:
         blocks.append(Block(info[0].lower() if info else "", i + 2, "\n".join(body) + "\n"))
         i = j + 1
     paired: list[Block] = []
+    previous: Block | None = None
     for block in blocks:
-        if block.language == "output" and paired and paired[-1].language == "python":
-            paired[-1].expected_output = block.source
-        elif block.language == "python":
+        if block.language == "output" and previous is not None and previous.language == language:
+            previous.expected_output = block.source
+        elif block.language == language:
             paired.append(block)
+        previous = block
     return paired
 
 
@@ -81,8 +84,11 @@ def _normalize(text: str) -> str:
 def test_doc_page_runs(page, tmp_path, monkeypatch, request):
     text = page.read_text(encoding="utf-8")
     blocks = read_blocks(text)
-    # A page of code examples must have some; the API reference is generated instead.
-    assert blocks or "\n::: statevar." in text, f"{page.name} has no ```python blocks"
+    # A page of code examples must have some; the API reference is generated instead, and
+    # the R page's ```r blocks run in tests/test_r.py.
+    assert blocks or "\n::: statevar." in text or read_blocks(text, "r"), (
+        f"{page.name} has no ```python blocks"
+    )
     monkeypatch.chdir(tmp_path)
     logger = logging.getLogger("statevar")
     request.addfinalizer(functools.partial(logger.setLevel, logger.level))
@@ -119,3 +125,11 @@ def test_read_blocks_pairs_output_and_skips_other_languages():
         (3, "x = 1\nprint(x)\n", "1\n"),
         (14, "y = x + 1\n", None),
     ]
+
+
+def test_read_blocks_of_another_language_pairs_their_outputs():
+    text = "```python\nx = 1\n```\n```r\nx <- 1\nx\n```\n```output\n[1] 1\n```\n"
+    assert [(b.language, b.line, b.source, b.expected_output) for b in read_blocks(text, "r")] == [
+        ("r", 5, "x <- 1\nx\n", "[1] 1\n")
+    ]
+    assert [b.expected_output for b in read_blocks(text)] == [None]
