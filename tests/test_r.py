@@ -39,6 +39,28 @@ def _missing_r() -> str | None:
     )
     if probe.returncode != 0:
         return "the R package reticulate is not installed (apt-get install r-cran-reticulate)"
+    return _reticulate_refuses_this_python()
+
+
+def _reticulate_refuses_this_python() -> str | None:
+    """Why the installed reticulate cannot start this Python, when the reason is known:
+    reticulate before 1.29 (Debian 12 ships 1.28) reads a Python's configuration with a
+    script importing ``imp``, which Python 3.12 removed. Any other failure is left to the
+    tests, which then fail."""
+    script = subprocess.run(
+        ["Rscript", "-e", "cat(system.file('config', 'config.py', package = 'reticulate'))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    if not script:
+        return None
+    config = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    if config.returncode != 0 and "No module named 'imp'" in config.stderr:
+        return (
+            f"this reticulate cannot start Python {sys.version.split()[0]} (its config.py "
+            "imports imp, removed in Python 3.12): the R tests run on Python 3.11"
+        )
     return None
 
 
