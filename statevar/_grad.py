@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from . import _nesting, _trace
@@ -37,7 +39,8 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
       ``((value, aux), grads)``). ``grads`` mirrors ``wrt``: a Module gives a dict keyed by
       variable name; the slot of a non-trainable or integer variable, or of one the loss
       does not reach (unread, read only for ``aux`` or through ``stop_gradient``), holds
-      None, as ``tf.GradientTape`` gives.
+      None, as ``tf.GradientTape`` gives. So does every slot when the loss is an integer
+      or bool (no gradient flows from it; JAX would raise a ``TypeError``).
 
     Raises:
       TypeError: if ``wrt`` is not a Variable, Module or container of them.
@@ -93,23 +96,29 @@ def _value_and_grad_call(
         return _trace.Frame("grad", {}, refs if outermost else {})
 
     def run(frame: _trace.Frame) -> Any:
-        mark, marks_reached = _reach_marks()
+        mark, marks_reached = _reach_mark()
         reached.clear()
 
         def pure(primals: list[jax.Array]) -> Any:
-            marked = [mark(i, primal) for i, primal in enumerate(primals)]
-            frame.values = dict(zip(lifted, marked, strict=True))
+            frame.values = dict(zip(lifted, mark(primals), strict=True))
             frame.differentiated = differentiated
             with frame:
                 out = read_variables(fn(*args, **kwargs))
             loss, aux = out if has_aux else (out, None)
             # Assignments made at this level come out as values, applied afterwards.
-            return loss, (aux, [frame.values[v] for v in frame.written])
+            written = [frame.values[v] for v in frame.written]
+            if _is_integer(loss):
+                # No gradient flows from an integer target, as in tf.GradientTape: JAX
+                # differentiates a float zero of its shape, which reaches no variable.
+                return jnp.zeros(jnp.shape(loss)), (aux, written, loss)
+            return loss, (aux, written, None)
 
         primals = [v._read() for v in lifted]
-        out = jax.value_and_grad(pure, has_aux=True)(primals)
+        (loss, (aux, written, integer_loss)), gradients = jax.value_and_grad(
+            pure, has_aux=True
+        )(primals)
         reached.update(marks_reached)
-        return out
+        return (loss if integer_loss is None else integer_loss, (aux, written)), gradients
 
     out, frame, learned_refs[0] = _trace.trace_with_refs(make_frame, run, learned_refs[0])
     (value, (aux, written)), gradients = out
@@ -147,23 +156,41 @@ def _apply_assignments(frame: _trace.Frame, written: list[Any], outermost: bool)
         variable.assign(jax.freeze(ref))
 
 
-def _reach_marks() -> tuple[Callable[[int, jax.Array], Any], set[int]]:
-    """An identity on the ``i``-th differentiated primal, and the set of the ``i`` whose
-    mark the backward pass reached with a cotangent: JAX skips (or gives a symbolic zero
-    to) a mark the loss does not reach differentiably."""
+def _is_integer(loss: Any) -> bool:
+    """Whether ``loss`` is a bool or integer scalar or array (a Python one too)."""
+    if isinstance(loss, int):
+        return True
+    dtype = getattr(loss, "dtype", None)
+    return isinstance(dtype, np.dtype) and dtype.kind in "biu"
+
+
+def _reach_mark() -> tuple[Callable[[list[jax.Array]], list[jax.Array]], set[int]]:
+    """An identity on the list of differentiated primals, and the set of the indices of
+    those the backward pass reached with a cotangent: JAX gives a symbolic zero to an
+    output of the mark the loss does not reach differentiably (or skips the mark when it
+    reaches none).
+
+    One mark for all the primals of a call: eagerly each custom-derivative call costs about
+    as much as a few operations, whatever it carries. A new mark each call, so that the
+    backward passes of nested calls (a `statevar.grad` inside another's function) record
+    into their own sets.
+    """
     reached: set[int] = set()
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-    def mark(index: int, primal: jax.Array) -> jax.Array:
-        return primal
+    @jax.custom_vjp
+    def mark(primals: list[jax.Array]) -> list[jax.Array]:
+        return primals
 
-    def forward(index: int, primal: Any) -> tuple[jax.Array, None]:
-        return primal.value, None  # a CustomVJPPrimal, with symbolic zeros on
+    def forward(primals: list[Any]) -> tuple[list[jax.Array], None]:
+        return [primal.value for primal in primals], None  # CustomVJPPrimals
 
-    def backward(index: int, _: None, cotangent: Any) -> tuple[Any]:
-        if not isinstance(cotangent, SymbolicZero):
-            reached.add(index)
-        return (cotangent,)
+    def backward(_: None, cotangents: list[Any]) -> tuple[list[Any]]:
+        reached.update(
+            index
+            for index, cotangent in enumerate(cotangents)
+            if not isinstance(cotangent, SymbolicZero)
+        )
+        return (cotangents,)
 
     mark.defvjp(forward, backward, symbolic_zeros=True)
     return mark, reached
