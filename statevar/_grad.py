@@ -114,9 +114,9 @@ def _value_and_grad_call(
             return loss, (aux, written, None)
 
         primals = [v._read() for v in lifted]
-        (loss, (aux, written, integer_loss)), gradients = jax.value_and_grad(
-            pure, has_aux=True
-        )(primals)
+        (loss, (aux, written, integer_loss)), gradients = jax.value_and_grad(pure, has_aux=True)(
+            primals
+        )
         reached.update(marks_reached)
         return (loss if integer_loss is None else integer_loss, (aux, written)), gradients
 

@@ -204,7 +204,9 @@ def test_an_integer_target_gives_none_in_every_slot(target, transform):
     expected = target(n.value, w.value)
 
     grads = transform(statevar.grad(lambda: target(n, w), [n, w]))()
-    value, value_grads = transform(statevar.value_and_grad(lambda: target(n, w), {"n": n, "w": w}))()
+    value, value_grads = transform(
+        statevar.value_and_grad(lambda: target(n, w), {"n": n, "w": w})
+    )()
     (aux_value, aux), aux_grads = transform(
         statevar.value_and_grad(lambda: (target(n, w), w * 1.0), w, has_aux=True)
     )()
