@@ -163,7 +163,7 @@ def update_variants(size: int) -> dict[str, Callable[[], Any]]:
     tx = optax.adam(LEARNING_RATE)
     update = optax_update(tx)
     params = initial_parameters(size)
-    state = [params, tx.init(params), jnp.zeros((), jnp.int32)]
+    state: list[Any] = [params, tx.init(params), jnp.zeros((), jnp.int32)]
 
     def jax_update() -> Any:
         state[0], state[1], state[2] = update(*state, grads)
@@ -184,7 +184,7 @@ def step_variants(size: int) -> dict[str, Callable[[], Any]]:
 
     jax_grad = jax.grad(mlp_loss)
     tx = optax.adam(LEARNING_RATE)
-    state = {"params": initial_parameters(size)}
+    state: dict[str, Any] = {"params": initial_parameters(size)}
     state["opt"] = tx.init(state["params"])
 
     def jax_step() -> Any:
