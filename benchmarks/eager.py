@@ -21,8 +21,9 @@ with 4, 32 and 96 variables (2, 16 and 48 layers, a kernel and a bias each):
   one-time caches are not counted.
 
 Every eager variant of every size takes its turn round after round, in a rotating order,
-each turn timing ``--calls-per-round`` calls (fewer for the larger models, so that a turn
-takes about as long at every size) waited for at the end; the reported time is the median
+each turn timing as many calls as last about as long as ``--calls-per-round`` eager
+`jax.grad` calls of the smallest model (measured after the warm-up: many calls of a cheap
+update, a few of a large gradient), the last waited for; the reported time is the median
 of the rounds' mean call times. Targets (`TARGETS`, one per row of `COMPARISONS`): the
 eager gradient and the eager update at most 1.1x pure JAX at every size, the eager step at
 most 1.5x, no compilation after warm-up, and each memory growth at most twice pure JAX's
@@ -225,28 +226,40 @@ class CompileCounter:
 Key = tuple[int, str]
 
 
+def timed_calls(run: Callable[[], Any], count: int) -> float:
+    """Seconds per call of ``count`` calls of ``run``, the last waited for."""
+    start = time.perf_counter()
+    for _ in range(count - 1):
+        run()
+    jax.block_until_ready(run())
+    return (time.perf_counter() - start) / count
+
+
 def time_eager(
     rounds: int, calls: int, sizes: tuple[int, ...]
 ) -> tuple[dict[Key, float], dict[Key, int]]:
-    """Median seconds per call of each eager variant, and its compilations after warm-up."""
+    """Median seconds per call of each eager variant, and its compilations after warm-up.
+
+    Each turn of a variant lasts about as long as ``calls`` calls of the first comparison's
+    baseline at the smallest size: many calls of a cheap update, a few of a large gradient.
+    """
     counter = CompileCounter()
     variants = eager_variants(sizes)
     compilations = dict.fromkeys(variants, 0)
-    for run in variants.values():
+    per_call = {}
+    for key, run in variants.items():
         for _ in range(5):
             jax.block_until_ready(run())
+        per_call[key] = min(timed_calls(run, 2) for _ in range(3))
+    turn = calls * per_call[min(sizes), COMPARISONS[0].baseline]
+    counts = {key: max(2, round(turn / seconds)) for key, seconds in per_call.items()}
     samples: dict[Key, list[float]] = {key: [] for key in variants}
     keys = list(variants)
     for round_index in range(rounds):
         shift = round_index % len(keys)
         for key in keys[shift:] + keys[:shift]:
-            run, count = variants[key], max(2, calls * MEMORY_SIZE // key[0])
             before = counter.count
-            start = time.perf_counter()
-            for _ in range(count - 1):
-                run()
-            jax.block_until_ready(run())
-            samples[key].append((time.perf_counter() - start) / count)
+            samples[key].append(timed_calls(variants[key], counts[key]))
             compilations[key] += counter.count - before
     return {key: statistics.median(s) for key, s in samples.items()}, compilations
 
