@@ -171,7 +171,7 @@ def _reach_mark() -> tuple[Callable[[list[jax.Array]], list[jax.Array]], set[int
     reaches none).
 
     One mark for all the primals of a call: eagerly each custom-derivative call costs about
-    as much as a few operations, whatever it carries. A new mark each call, so that the
+    as much as a dozen eager operations, whatever it carries. A new mark each call, so that the
     backward passes of nested calls (a `statevar.grad` inside another's function) record
     into their own sets.
     """
