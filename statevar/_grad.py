@@ -100,7 +100,7 @@ def _value_and_grad_call(
         reached.clear()
 
         def pure(primals: list[jax.Array]) -> Any:
-            frame.values = dict(zip(lifted, mark(primals), strict=True))
+            frame.values = dict(zip(lifted, mark(*primals), strict=True))
             frame.differentiated = differentiated
             with frame:
                 out = read_variables(fn(*args, **kwargs))
@@ -164,8 +164,8 @@ def _is_integer(loss: Any) -> bool:
     return isinstance(dtype, np.dtype) and dtype.kind in "biu"
 
 
-def _reach_mark() -> tuple[Callable[[list[jax.Array]], list[jax.Array]], set[int]]:
-    """An identity on the list of differentiated primals, and the set of the indices of
+def _reach_mark() -> tuple[Callable[..., tuple[jax.Array, ...]], set[int]]:
+    """An identity on the differentiated primals (one argument each), and the set of the indices of
     those the backward pass reached with a cotangent: JAX gives a symbolic zero to an
     output of the mark the loss does not reach differentiably (or skips the mark when it
     reaches none).
@@ -178,19 +178,19 @@ def _reach_mark() -> tuple[Callable[[list[jax.Array]], list[jax.Array]], set[int
     reached: set[int] = set()
 
     @jax.custom_vjp
-    def mark(primals: list[jax.Array]) -> list[jax.Array]:
+    def mark(*primals: jax.Array) -> tuple[jax.Array, ...]:
         return primals
 
-    def forward(primals: list[Any]) -> tuple[list[jax.Array], None]:
-        return [primal.value for primal in primals], None  # CustomVJPPrimals
+    def forward(*primals: Any) -> tuple[tuple[jax.Array, ...], None]:
+        return tuple(primal.value for primal in primals), None  # CustomVJPPrimals
 
-    def backward(_: None, cotangents: list[Any]) -> tuple[list[Any]]:
+    def backward(_: None, cotangents: tuple[Any, ...]) -> tuple[Any, ...]:
         reached.update(
             index
             for index, cotangent in enumerate(cotangents)
             if not isinstance(cotangent, SymbolicZero)
         )
-        return (cotangents,)
+        return cotangents
 
     mark.defvjp(forward, backward, symbolic_zeros=True)
     return mark, reached
