@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from . import _nesting, _trace
@@ -38,7 +39,8 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
       ``((value, aux), grads)``). ``grads`` mirrors ``wrt``: a Module gives a dict keyed by
       variable name; the slot of a non-trainable or integer variable, or of one the loss
       does not reach (unread, read only for ``aux`` or through ``stop_gradient``), holds
-      None, as ``tf.GradientTape`` gives.
+      None, as ``tf.GradientTape`` gives. So does every slot when the loss is an integer
+      or bool (no gradient flows from it; JAX would raise a ``TypeError``).
 
     Raises:
       TypeError: if ``wrt`` is not a Variable, Module or container of them, or ``fn``
@@ -100,24 +102,30 @@ def _value_and_grad_call(
         return _trace.Frame("grad", {}, refs if outermost else {})
 
     def run(frame: _trace.Frame) -> Any:
-        mark, marks_reached = _reach_marks()
+        mark, marks_reached = _reach_mark()
         reached.clear()
 
         def pure(primals: list[jax.Array]) -> Any:
-            marked = [mark(i, primal) for i, primal in enumerate(primals)]
-            frame.values = dict(zip(lifted, marked, strict=True))
+            frame.values = dict(zip(lifted, mark(*primals), strict=True))
             frame.differentiated = differentiated
             with frame:
                 out = read_variables(fn(*args, **kwargs))
             loss, aux = out if has_aux else (out, None)
             _check_loss(fn, loss, has_aux)
             # Assignments made at this level come out as values, applied afterwards.
-            return loss, (aux, [frame.values[v] for v in frame.written])
+            written = [frame.values[v] for v in frame.written]
+            if _is_integer(loss):
+                # No gradient flows from an integer target, as in tf.GradientTape: JAX
+                # differentiates a float zero of its shape, which reaches no variable.
+                return jnp.zeros(jnp.shape(loss)), (aux, written, loss)
+            return loss, (aux, written, None)
 
         primals = [v._read() for v in lifted]
-        out = jax.value_and_grad(pure, has_aux=True)(primals)
+        (loss, (aux, written, integer_loss)), gradients = jax.value_and_grad(pure, has_aux=True)(
+            primals
+        )
         reached.update(marks_reached)
-        return out
+        return (loss if integer_loss is None else integer_loss, (aux, written)), gradients
 
     out, frame, learned_refs[0] = _trace.trace_with_refs(make_frame, run, learned_refs[0])
     (value, (aux, written)), gradients = out
@@ -135,8 +143,11 @@ def _check_loss(fn: Callable, loss: Any, has_aux: bool) -> None:
     """Refuses a value `value_and_grad`'s function returned that has no gradient.
 
     Raises:
-      TypeError: unless it is a real floating-point scalar, naming the function.
+      TypeError: unless it is a real floating-point scalar, or an integer or bool (whose
+        gradients are None, see `value_and_grad`), naming the function.
     """
+    if _is_integer(loss):
+        return
     try:
         shape, dtype = jnp.shape(loss), jnp.result_type(loss)
     except TypeError:
@@ -176,23 +187,41 @@ def _apply_assignments(frame: _trace.Frame, written: list[Any], outermost: bool)
         variable.assign(jax.freeze(ref))
 
 
-def _reach_marks() -> tuple[Callable[[int, jax.Array], Any], set[int]]:
-    """An identity on the ``i``-th differentiated primal, and the set of the ``i`` whose
-    mark the backward pass reached with a cotangent: JAX skips (or gives a symbolic zero
-    to) a mark the loss does not reach differentiably."""
+def _is_integer(loss: Any) -> bool:
+    """Whether ``loss`` is a bool or integer scalar or array (a Python one too)."""
+    if isinstance(loss, int):
+        return True
+    dtype = getattr(loss, "dtype", None)
+    return isinstance(dtype, np.dtype) and dtype.kind in "biu"
+
+
+def _reach_mark() -> tuple[Callable[..., tuple[jax.Array, ...]], set[int]]:
+    """An identity on the differentiated primals (one argument each), and the set of the indices of
+    those the backward pass reached with a cotangent: JAX gives a symbolic zero to an
+    output of the mark the loss does not reach differentiably (or skips the mark when it
+    reaches none).
+
+    One mark for all the primals of a call: eagerly each custom-derivative call costs about
+    as much as a dozen eager operations, whatever it carries. A new mark each call, so that the
+    backward passes of nested calls (a `statevar.grad` inside another's function) record
+    into their own sets.
+    """
     reached: set[int] = set()
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-    def mark(index: int, primal: jax.Array) -> jax.Array:
-        return primal
+    @jax.custom_vjp
+    def mark(*primals: jax.Array) -> tuple[jax.Array, ...]:
+        return primals
 
-    def forward(index: int, primal: Any) -> tuple[jax.Array, None]:
-        return primal.value, None  # a CustomVJPPrimal, with symbolic zeros on
+    def forward(*primals: Any) -> tuple[tuple[jax.Array, ...], None]:
+        return tuple(primal.value for primal in primals), None  # CustomVJPPrimals
 
-    def backward(index: int, _: None, cotangent: Any) -> tuple[Any]:
-        if not isinstance(cotangent, SymbolicZero):
-            reached.add(index)
-        return (cotangent,)
+    def backward(_: None, cotangents: tuple[Any, ...]) -> tuple[Any, ...]:
+        reached.update(
+            index
+            for index, cotangent in enumerate(cotangents)
+            if not isinstance(cotangent, SymbolicZero)
+        )
+        return cotangents
 
     mark.defvjp(forward, backward, symbolic_zeros=True)
     return mark, reached
