@@ -106,17 +106,16 @@ class Update(Protocol):
 
 
 def _eager_update(operation: Operation, doc: str) -> Update:
-    """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`,
-    `ASSIGN_SUB`): the eager hot path, with everything else left to `Variable._update`.
+    """Builds the method for ``operation`` (`ASSIGN`, `ASSIGN_ADD`, `ASSIGN_SUB`): the eager
+    hot path, everything else left to `Variable._update`. One body serves the three methods,
+    each its own function: a call costs one Python frame.
 
-    One body serves the three methods, each its own function, so a call costs one Python
-    frame. The hot path takes an uncommitted array of the variable's abstract value
-    (shape, dtype, strong type), for an update whose donating call this variable has run in
-    this compile epoch (`Variable._open_hot_path`: JAX's fast path), outside any trace and
-    with placements not logged: nothing to convert or check. Donates the old buffer when
-    nothing else holds it, else copies it: arrays read earlier stay valid. Atomic with
-    respect to exceptions raised at any bytecode (``KeyboardInterrupt``, a signal
-    handler's): the variable then holds its old or its new array, never a deleted one.
+    The hot path takes an uncommitted array of the variable's abstract value (shape, dtype,
+    strong type) in this compile epoch (`Variable._open_hot_path`), outside any trace and
+    with placements not logged: nothing to convert or check. It donates the old buffer when
+    nothing else holds it, else copies it (arrays read earlier stay valid), atomically with
+    respect to exceptions raised at any bytecode: the variable holds its old or its new
+    array, never a deleted one (``docs/safety.md``).
     """
     method_name, donating = operation.name, operation.donating
     slot = HOT_SLOTS[operation]
@@ -129,20 +128,17 @@ def _eager_update(operation: Operation, doc: str) -> Update:
         read_value: bool = True,
     ) -> Variable | None:
         if use_locking is not None or name is not None or read_value is not True:
-            # TensorFlow's keywords: checked, then the update without them.
-            return _updating.with_keywords(
+            return _updating.with_keywords(  # TensorFlow's keywords, checked
                 self, update, value, use_locking, name, read_value, operation
             )
-        # Acquired inside the try, so that an exception landing right after acquiring still
-        # releases; cheaper than `with _update_lock`. The checks run under the lock too:
-        # another thread may replace the array (commit or reshard it) in between.
+        # Acquired inside the try (cheaper than `with`), so an exception landing right after
+        # still releases; the checks run under it (another thread may replace the array).
         try:
             _acquire()
             old = self._value
             if (
                 type(value) is _array_type
-                # JAX interns abstract values: equal ones are one object (any other equal
-                # pair takes the general path, which compares them)
+                # JAX interns abstract values: equal ones are one object
                 and value.aval is self._hot_avals[slot]  # type: ignore[union-attr]
                 and not value.committed  # type: ignore[union-attr]
                 # not a new compile epoch, no trace frame open, placements not logged
@@ -151,14 +147,11 @@ def _eager_update(operation: Operation, doc: str) -> Update:
                 and not STATE.donating
             ):
                 try:
-                    # Set before the reference count is read: a signal handler running
-                    # from here to the store reads a copy (see `ProcessState.donating`).
+                    # Before the refcount is read: a handler from here on reads a copy.
                     STATE.donating = True
-                    # The iterator that the unpacking assignment consumes makes the call:
-                    # Python checks for signals at calls and loops, not between unpacking
-                    # and storing, so no exception can land between the donation and the
-                    # store of its result. The old array is donated when nothing but the
-                    # variable (and `old`) holds it, else copied, as the copy policy allows.
+                    # The unpacking assignment consumes the iterator that makes the call: no
+                    # signal check between the donation and the store of its result. Donated
+                    # when only the variable (and `old`) holds it, else copied.
                     (self._value,) = map(
                         _updating.copying_kernel(self, operation)
                         if _getrefcount(old) > _SOLE_HOLDER_WITH_LOCAL
@@ -167,9 +160,8 @@ def _eager_update(operation: Operation, doc: str) -> Update:
                         (value,),
                     )
                     if self._value.__class__ is not _array_type:
-                        # An outer jax.jit traced the update (nothing was donated): the old
-                        # array is put back before any signal check (attribute reads,
-                        # identity tests and stores make none), so no tracer is left stored.
+                        # Traced by an outer jax.jit (nothing donated): put back before any
+                        # signal check (reads, identity tests and stores make none).
                         self._value = old
                 except (RuntimeError, ValueError) as error:
                     return self._failed_update(operation, value, old, error)
@@ -181,8 +173,7 @@ def _eager_update(operation: Operation, doc: str) -> Update:
             del old  # a reference held here would make the array look shared
             return self._update(operation, value)  # still holding the (reentrant) lock
         except BaseException as error:
-            # An error the user keeps keeps this frame: it must not keep the old array.
-            old = None  # noqa: F841 (cleared, not used)
+            old = None  # noqa: F841 (a kept error keeps this frame, not the old array)
             release_frames(error)
             raise
         finally:
