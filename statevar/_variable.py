@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import sys
-import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol, TypeAlias, overload
 
 import jax
@@ -24,7 +22,7 @@ from ._view import Readable, register_readable, traced_update_error
 # Bound once: the eager update is a hot path.
 _SOLE_HOLDER_WITH_LOCAL, _getrefcount = _update.SOLE_HOLDER_WITH_LOCAL, sys.getrefcount
 _starmap = itertools.starmap
-_consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
+consume = collections.deque(maxlen=0).extend  # runs an iterator to its end, in C
 _update_lock = STATE.update_lock
 _acquire, _release = _update_lock.acquire, _update_lock.release
 # The type of a concrete array, as the eager hot path checks it: recorded when a hot path
@@ -38,8 +36,8 @@ ReshardTarget: TypeAlias = (
 
 # The attribute holding a variable's array. Only this module stores it: the eager hot path
 # (`_eager_update`), `Variable._swap` (every other update's result), `Variable._replace_array`
-# (the one store other modules call), `reshard`, deep copies, and the bulk store of a
-# compiled step (`bulk_store`, on its first call and in every warm call), with no bytecode
+# (the one store other modules call), `reshard`, deep copies, and the store of a compiled
+# step's outputs (`stores`, on its first call and on every warm call), with no bytecode
 # where an exception can land between the donating call and the stores.
 ARRAY_ATTRIBUTE = "_value"
 
@@ -454,7 +452,7 @@ class Variable(RefusedInPlace, Readable):
         """Stores ``array`` as the variable's value, as it is: no conversion, no check.
 
         The one store of a new array for code outside this module (the compiled step's
-        bulk store aside: see `bulk_store`). Donates nothing: the old array stays
+        store of its outputs aside: see `stores`). Donates nothing: the old array stays
         valid for whoever still holds it. Callers hold `ProcessState.update_lock` wherever
         another thread may update the variable. A change of commitment starts a new
         compile epoch (see `ProcessState.bump_compile_epoch`).
@@ -647,33 +645,23 @@ def put_back(variables: tuple[Variable, ...], arrays: list[jax.Array]) -> None:
     """Stores each variable's own array again, in one C call chain: a step called inside
     ``jax.jit`` was traced rather than run, and left tracers in the variables (copies
     made of shared arrays are tracers too). Nothing was donated."""
-    _consume(map(setattr, variables, itertools.repeat(ARRAY_ATTRIBUTE), arrays))
+    consume(map(setattr, variables, _ARRAY_ATTRIBUTES, arrays))
 
 
-@functools.cache
-def _bulk_store_code(count: int) -> types.CodeType:
-    """The code of `bulk_store` for ``count`` variables, compiled once: the variables are
-    globals ``v0``, ``v1``, ... of each function made from it (the compiler handles ten
-    thousand globals in a third of the time it takes for as many closure cells)."""
-    targets = "".join(f"v{i}.{ARRAY_ATTRIBUTE}, " for i in range(count))
-    source = f"def store(outputs):\n    (({targets}result,),) = outputs\n    return result\n"
-    defined: dict[str, Any] = {}
-    exec(compile(source, f"<statevar bulk store, {count} variables>", "exec"), {}, defined)
-    return defined["store"].__code__
+def stores(variables: tuple[Variable, ...], outputs: Iterator[Any]) -> Iterator[None]:
+    """The store of a compiled step's outputs, as a lazy chain of C calls: consumed (by
+    `consume`), it takes each variable's new array from ``outputs`` and stores it. Given
+    ``outputs`` that make the compiled call when first advanced (it donates the variables'
+    arrays), the call and every store run in that one chain; the result, after the
+    variables' arrays, stays in ``outputs`` (`map` stops at the last variable).
 
-
-def bulk_store(variables: tuple[Variable, ...]) -> Callable[[Any], Any]:
-    """The store of a compiled step, written out for its variables: ``store(outputs)``
-    consumes ``outputs``, an iterator whose one item the compiled call makes (donating the
-    variables' arrays), stores each variable's new array by one unpacking assignment, and
-    returns the result.
-
-    Nothing between the call and the last store lets Python run a signal handler (it does
-    so when a function is entered, after a call and at a backward jump; the unpacking
-    consumes the iterator in C): every variable holds its old array or its new one. On an
-    MLP step this costs 10% less than a loop of ``setattr`` in C.
+    Build it before donating, and consume it with nothing in between: Python runs signal
+    handlers only when a Python function is entered, after a call returns and at a backward
+    jump, and none of these happens inside the chain, so every variable holds its old
+    array or its new one.
     """
-    namespace: dict[str, Any] = {f"v{i}": variable for i, variable in enumerate(variables)}
-    namespace["__name__"] = __name__  # a frame `release_frames` clears
-    # A code object of its own: Python keeps its caches of global lookups in the code object.
-    return types.FunctionType(_bulk_store_code(len(variables)).replace(), namespace, "store")
+    return map(setattr, variables, _ARRAY_ATTRIBUTES, outputs)
+
+
+# The attribute name for each store of `stores` and `put_back` (stateless: shared).
+_ARRAY_ATTRIBUTES = itertools.repeat(ARRAY_ATTRIBUTE)

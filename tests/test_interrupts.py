@@ -446,12 +446,11 @@ def _paths(v):
     for update in (lambda: v.assign_add(one), lambda: v.assign_add(1.0), step):
         update()
         update()  # warm: the hot path is open, the step compiled
-    (entry,) = step.jit_function._cache.entries.values()
     variable_globals = vars(statevar._variable)
     return [
         ("eager hot path", lambda: v.assign_add(one), variable_globals, "map"),
         ("eager general path", lambda: v.assign_add(1.0), variable_globals, "_starmap"),
-        ("compiled step", step, entry.call.__globals__, "_sum"),
+        ("compiled step", step, vars(statevar._jit), "sum"),
     ]
 
 
