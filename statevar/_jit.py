@@ -26,6 +26,7 @@ from ._errors import (
     release_frames,
 )
 from ._jit_cache import (
+    CONCRETE_ARGUMENT_TYPES,
     Cache,
     Entry,
     Found,
@@ -52,7 +53,7 @@ _getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
 _chain_from = itertools.chain.from_iterable
 # The types of concrete array arguments seen: `_all_concrete` checks that a call's arguments
 # are all of them.
-_CONCRETE_TYPES = STATE.concrete_argument_types
+_CONCRETE_TYPES = CONCRETE_ARGUMENT_TYPES
 _all_concrete = _CONCRETE_TYPES.issuperset
 # `getattr(argument, "committed", False)` for each argument, by `map` (in C).
 _COMMITTED, _NOT_COMMITTED = itertools.repeat("committed"), itertools.repeat(False)

@@ -47,6 +47,10 @@ from ._tree import (
 from ._variable import Variable
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+# The exact types of the concrete (non-tracer) array arguments `statevar.jit` has seen: its
+# fast path accepts arguments of these types only. It starts with the NumPy and Python ones
+# (not bool: a Python bool argument is static, see `split_call`); no tracer type is ever in.
+CONCRETE_ARGUMENT_TYPES: set[type] = {np.ndarray, int, float, complex}
 
 
 class Found:
@@ -509,7 +513,7 @@ def split_call(
         ):
             if isinstance(leaf, Tracer):
                 raise under_transformation(name)
-            STATE.concrete_argument_types.add(type(leaf))
+            CONCRETE_ARGUMENT_TYPES.add(type(leaf))
             dynamic.append(leaf)
             continue
         if isinstance(leaf, Variable):

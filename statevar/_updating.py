@@ -197,7 +197,7 @@ def copying_kernel(variable: Any, operation: Operation) -> Any:
     Raises:
       CopyError: under the copy policy ``"raise"`` (nothing is copied or stored).
     """
-    if STATE.copy_policy != "silent":
+    if _copies.POLICY.policy != "silent":
         _copies.check(variable, _copies.HELD, variable._value.nbytes, operation.name)
     return operation.copying
 
