@@ -56,7 +56,7 @@ class ProcessState:
         thread or placements are logged, so that the hot path compares one field.
       compiled_updates_generation: changed by `forget_compiled_updates`
         (`statevar.clear_caches`): a variable that recorded its compiled updates in another
-        generation forgets them (see `_updating.run_kernel`).
+        generation forgets them (see `_variable.run_kernel`).
       log_placement: whether placements are logged (`statevar.set_log_device_placement`).
       compiled_functions: what `statevar.jit` returned (plain functions and
         `CompiledFunction` partials), so that closure discovery can follow them into the

@@ -351,12 +351,12 @@ def test_a_ctrl_c_ending_an_update_that_commits_the_variable_closes_the_hot_path
     monkeypatch, general_path
 ):
     v, one = _on_the_hot_path("assign")
-    real = statevar._updating.held_signals
-    monkeypatch.setattr(statevar._updating, "held_signals", _ctrl_c_on_leaving(real))
+    real = statevar._variable.held_signals
+    monkeypatch.setattr(statevar._variable, "held_signals", _ctrl_c_on_leaving(real))
 
     with pytest.raises(KeyboardInterrupt):
         v.assign(jax.device_put(one, v.device))  # commits the variable
-    monkeypatch.setattr(statevar._updating, "held_signals", real)
+    monkeypatch.setattr(statevar._variable, "held_signals", real)
 
     assert v.value.committed is True
     general = len(general_path)
