@@ -130,17 +130,35 @@ def _finish_data(checkpointer: Any) -> None:
         checkpointer.close()
 
 
+@dataclasses.dataclass(eq=False, slots=True)
+class DirectoryLocks:
+    """One lock per checkpoint directory (resolved path) that this process saves into or
+    restores from (see `directory_lock`): a save deletes what it did not write, so two
+    threads saving into one directory would delete each other's data.
+
+    Attributes:
+      locks: the lock of each directory, by resolved path.
+      guard: guards ``locks``.
+    """
+
+    locks: dict[str, Any] = dataclasses.field(default_factory=dict)
+    guard: Any = dataclasses.field(default_factory=threading.Lock)
+
+
+DIRECTORY_LOCKS = DirectoryLocks()
+
+
 def directory_lock(directory: pathlib.Path, action: str) -> Any:
     """The lock this process's saves into and restores from ``directory`` hold, one at a
-    time (see `ProcessState.checkpoint_locks`).
+    time (see `DirectoryLocks`).
 
     Raises:
       StatevarError: if this thread holds it already: a signal handler saving or
         restoring while the save or restore it interrupted, of the same directory, is
         under way (waiting would never end).
     """
-    with STATE.checkpoint_locks_guard:
-        lock = STATE.checkpoint_locks.setdefault(str(directory.resolve()), threading.RLock())
+    with DIRECTORY_LOCKS.guard:
+        lock = DIRECTORY_LOCKS.locks.setdefault(str(directory.resolve()), threading.RLock())
     if lock._is_owned():  # pyright: ignore[reportAttributeAccessIssue]
         raise StatevarError(
             f"Cannot {action} {str(directory)!r} in a signal handler that interrupted a save "

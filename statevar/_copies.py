@@ -14,14 +14,15 @@ for two. statevar copies in four cases, each a cause named here:
   the call, which statevar catches (`lower_checked`) and names the variable instead.
 - `UNSUPPORTED`: the platform does not implement donation (the same warning says so).
 
-The policy is process state (`ProcessState.copy_policy`), read in Python before each
-copying call: never part of a JAX cache key or a trace context.
+The policy is process state (`POLICY`, this module's), read in Python before each copying
+call: never part of a JAX cache key or a trace context.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +31,23 @@ from typing import Any
 from . import _caches
 from ._errors import CopyError, caller_stacklevel
 from ._state import STATE
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class CopyPolicy:
+    """What an update or a compiled step does when it copies a variable instead of donating
+    its buffer (`set_copy_policy`), process-wide.
+
+    Attributes:
+      policy: ``"silent"``, ``"warn"`` or ``"raise"``.
+      min_bytes: the size from which ``policy`` applies; smaller copies are silent.
+    """
+
+    policy: str = "warn"
+    min_bytes: int = 64 * 2**20  # the default: warn of copies of 64 MiB or more
+
+
+POLICY = CopyPolicy()
 
 HELD = "held"
 SAVING = "saving"
@@ -121,7 +139,7 @@ def set_copy_policy(policy: str, *, min_bytes: int = 0) -> None:
         )
     if min_bytes < 0:
         raise ValueError(f"Expected the copy policy's min_bytes to be >= 0, got {min_bytes}")
-    STATE.copy_policy, STATE.copy_min_bytes = policy, min_bytes
+    POLICY.policy, POLICY.min_bytes = policy, min_bytes
 
 
 @contextlib.contextmanager
@@ -144,12 +162,12 @@ def copy_policy(policy: str, *, min_bytes: int = 0) -> Iterator[None]:
       ...     v.assign_add(1.0).numpy()  # copies v quietly: `before` stays valid
       array([2., 3.], dtype=float32)
     """
-    previous = STATE.copy_policy, STATE.copy_min_bytes
+    previous = POLICY.policy, POLICY.min_bytes
     set_copy_policy(policy, min_bytes=min_bytes)
     try:
         yield
     finally:
-        STATE.copy_policy, STATE.copy_min_bytes = previous
+        POLICY.policy, POLICY.min_bytes = previous
 
 
 # The (variable id, cause) pairs warned of, each with a weak reference to its variable
@@ -173,7 +191,7 @@ def held_cause(variable: Any) -> str:
 
 def applies(nbytes: int) -> bool:
     """Whether the copy policy acts on a copy of ``nbytes`` bytes (it is not silent)."""
-    return STATE.copy_policy != "silent" and nbytes >= STATE.copy_min_bytes
+    return POLICY.policy != "silent" and nbytes >= POLICY.min_bytes
 
 
 def _explain(cause: str, variable: Any) -> tuple[str, str]:
@@ -209,12 +227,12 @@ def check_many(
         for variable, nbytes, cause in zip(variables, sizes, causes, strict=True)
         if applies(nbytes)
     ]
-    if STATE.copy_policy == "warn":
+    if POLICY.policy == "warn":
         # A background save's copy is the cost it documents, not a mistake to warn of.
         found = [item for item in found if item[2] != SAVING]
     if not found:
         return
-    if STATE.copy_policy == "raise":
+    if POLICY.policy == "raise":
         described = []
         for variable, nbytes, cause in found:
             reason, fix = _explain(cause, variable)

@@ -6,13 +6,15 @@ import copy
 import functools
 import inspect
 import itertools
+import operator
+import sys
 import types
 from collections.abc import Callable
 from typing import Any, cast, overload
 
 import jax
 
-from . import _caches, _memory_report, _placement, _trace, _variable
+from . import _caches, _memory_report, _placement, _trace, _update, _variable
 from ._closure import closure_variables
 from ._convert import Tracer
 from ._errors import (
@@ -24,6 +26,7 @@ from ._errors import (
     release_frames,
 )
 from ._jit_cache import (
+    CONCRETE_ARGUMENT_TYPES,
     Cache,
     Entry,
     Found,
@@ -39,17 +42,33 @@ from ._tree import Node
 from ._typing import Compiled, Params, Result
 from ._update import held_elsewhere
 from ._variable import Variable
-from ._warm_call import Miss, warm_call
+
+# What `JitFunction._donating_call` returns for a call that JAX traced again and that found
+# variables to lift (see `Found`): the first call runs it on an entry lifting them.
+_MISS = object()
+# Bound once: the warm call runs them on every call.
+_acquire, _release = STATE.update_lock.acquire, STATE.update_lock.release
+_read_array = operator.attrgetter(_variable.ARRAY_ATTRIBUTE)
+_getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
+_chain_from = itertools.chain.from_iterable
+# The types of concrete array arguments seen: `_all_concrete` checks that a call's arguments
+# are all of them.
+_CONCRETE_TYPES = CONCRETE_ARGUMENT_TYPES
+_all_concrete = _CONCRETE_TYPES.issuperset
+# `getattr(argument, "committed", False)` for each argument, by `map` (in C).
+_COMMITTED, _NOT_COMMITTED = itertools.repeat("committed"), itertools.repeat(False)
 
 
 class JitFunction:
     """A function compiled with `jax.jit` whose variable reads and assignments are lifted.
 
-    Created by `statevar.jit`, which returns a function calling it. A call is split
-    (`split_call`) into the key of its compiled form, its array arguments and its state;
-    the `Cache` gives the entry for the key (compiling one on first use); an entry that has
-    run takes its lean warm call, JAX's C++ fast path (see `_warm_call`), and
-    any other goes through `_run`, which traces it first.
+    Created by `statevar.jit`, which returns a function calling it. Its `__call__` reads
+    top to bottom: the look-up (a call seen before is found by its argument types, any
+    other is split by `split_call` into the key of its compiled form, its array arguments
+    and its state, and the `Cache` gives the entry for the key, compiling one on first
+    use); the warm call of an entry that has run (JAX's C++ fast path serves its step); and
+    the first call of any other (`_first_call`, which traces it first). Both run one body,
+    `_donating_call`.
     """
 
     def __init__(self, fn: Callable, **jit_kwargs: Any):
@@ -91,6 +110,7 @@ class JitFunction:
         self._fn = fn
         self._jit_kwargs = jit_kwargs
         self._cache = Cache()
+        self._entries = self._cache.entries  # bound once: the look-up reads it on every call
         # Whether its traces may still create variables: its first may (see `_trace.Creation`).
         self._creation = _trace.Creation("")
         # How messages about a call's placement name it, when not as this function (an
@@ -103,12 +123,43 @@ class JitFunction:
         self._creation.name = self.__name__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Runs the function: the general path, which `jit`'s function takes unless
-        an earlier call with the same kind of arguments left an entry it finds directly."""
-        if STATE.open_trace_frames and _trace.innermost() is not None:
-            # Inside another statevar.jit or statevar.grad: run inline, in its trace.
-            return self._fn(*args, **kwargs)
-        return self._run(*self._prepare(args, kwargs))
+        """Runs the function: finds the entry for the call's kind of arguments, then runs it
+        warm if it has run, else as a first call (`_first_call`)."""
+        try:
+            # The look-up: the fast paths first, for calls seen before.
+            if not kwargs and not STATE.open_trace_frames:
+                if _all_concrete(map(type, args)):
+                    # step(x, y): only concrete arrays and scalars, so the key needs no
+                    # flatten and no argument can be a tracer. Only calls without variables,
+                    # modules or static arguments are compiled under it.
+                    key, entry, dynamic = len(args), self._entries.get(len(args)), args
+                else:
+                    # step(model, x) and methods: arrays, Variables and Modules seen before,
+                    # as long as the Modules still hold the same objects.
+                    key, entry, dynamic = self._cache.find(tuple(map(type, args)), args)
+                if entry is None:
+                    key, entry, dynamic = self._prepare(args, kwargs)
+            elif STATE.open_trace_frames and _trace.innermost() is not None:
+                # Inside another statevar.jit or statevar.grad: run inline, in its trace.
+                return self._fn(*args, **kwargs)
+            else:
+                key, entry, dynamic = self._prepare(args, kwargs)
+            # The warm call, when the entry has run and nothing it depends on changed (a
+            # trainable flag or a sharding somewhere: a new compile epoch).
+            if entry.warm and entry.epoch == STATE.compile_epoch:
+                if entry.uncommitted and any(map(getattr, dynamic, _COMMITTED, _NOT_COMMITTED)):
+                    # A variable placed nowhere, and an argument committed to a device: the
+                    # first call checks their devices and commits the variable.
+                    entry.warm = False
+                else:
+                    result = self._donating_call(entry, dynamic)
+                    if result is not _MISS:
+                        return result
+            # The first call: traced (again), then run as the warm call runs.
+            return self._first_call(key, self._current(key, entry), dynamic)
+        except BaseException as error:
+            release_frames(error)  # a kept error keeps no array (see `release_frames`)
+            raise
 
     def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """Returns JAX's `jax.stages.Lowered` for a call with these arguments, to inspect
@@ -123,7 +174,7 @@ class JitFunction:
         key, entry, dynamic = self._prepare(args, kwargs)
         entry = self._current(key, entry)
         with STATE.update_lock:  # as a call lowers: a refused donation is recorded
-            entry, arrays, _, _ = self._trace(key, entry, dynamic, donating=False)
+            entry, arrays = self._trace(key, entry, dynamic)
             return entry.lowered(lambda: entry.jitted.lower(arrays, dynamic), arrays)
 
     def memory_report(self, *args: Any, **kwargs: Any) -> MemoryReport:
@@ -137,7 +188,7 @@ class JitFunction:
         key, entry, dynamic = self._prepare(args, kwargs)
         entry = self._current(key, entry)
         with STATE.update_lock:  # as a call lowers (see `Entry.lowered`)
-            entry, arrays, _, _ = self._trace(key, entry, dynamic, donating=False)
+            entry, arrays = self._trace(key, entry, dynamic)
             held = held_elsewhere(arrays)  # before anything else holds the arrays
             return _memory_report.build(self.__name__, entry, arrays, held, dynamic)
 
@@ -181,15 +232,6 @@ class JitFunction:
         self._cache.entries[key] = new
         return new
 
-    def _run(self, key: Any, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
-        """Calls ``entry`` on concrete arguments, donating and replacing the variables'
-        arrays: the warm call, or the first call of an entry (see `_first_call`)."""
-        entry = self._current(key, entry)
-        if entry.call is not None:
-            result = entry.call(dynamic)
-            return self._missed(key, entry, dynamic, result) if type(result) is Miss else result
-        return self._first_call(key, entry, dynamic)
-
     def _current(self, key: Any, entry: Entry) -> Entry:
         """``entry`` as a call needs it now: made again if, since it was, a Module let go of
         a variable it lifts or a trainable flag or sharding changed (a new compile epoch);
@@ -206,18 +248,82 @@ class JitFunction:
                 entry = self._compile(entry.split, entry.extra, entry.refs)
                 self._cache.entries[key] = entry
             else:
-                entry.epoch, entry.call = STATE.compile_epoch, None
+                entry.epoch, entry.warm = STATE.compile_epoch, False
         found = entry.last_found
         if found is not None and found.needs_retrace:
             entry = self._retrace(key, entry, found)  # JAX traced it again for new shapes
         return entry
 
-    def _missed(self, key: Any, entry: Entry, dynamic: tuple[Any, ...], miss: Miss) -> Any:
-        """Runs a call that ``entry``'s warm call did not serve (see `Miss`) through the
-        general path."""
-        if miss.cold:
-            entry.call = None
-        return self._run(key, entry, dynamic)
+    def _donating_call(self, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
+        """Calls ``entry``'s compiled step on the variables' arrays, donated (copies of those
+        something else holds: an array read earlier stays valid), and stores every output,
+        all or nothing: the body of the warm call and of the first call.
+
+        Returns the step's result, or `_MISS` if JAX traced the step again for new argument
+        shapes inside the call and that trace found variables to lift (it gave every
+        variable back unchanged): the first call runs it then.
+
+        Raises:
+          CopyError: under the copy policy ``"raise"``, before anything is donated.
+          StatevarError: in a signal handler that interrupted a donating update (see
+            `ProcessState.donating`), or if the step failed after donating.
+          TraceContextError: if called inside a JAX transformation without traced arguments.
+        """
+        lifted = entry.lifted
+        # Acquired inside the try, so that an exception landing right after acquiring
+        # still releases.
+        try:
+            _acquire()
+            if STATE.donating:
+                # The update this signal handler interrupted would store over this step's.
+                raise self._interrupted()
+            arrays = originals = list(map(_read_array, lifted))
+            traced = entry.traced
+            found = traced.found
+            # The call, made when the store is consumed; its arguments sit in a list, so
+            # that copies of shared arrays can take their place.
+            calls = [(arrays, dynamic)]
+            outputs = _chain_from(itertools.starmap(entry.jitted, calls))
+            stores = _variable.stores(lifted, outputs)
+            try:
+                # Set while the reference counts are read (see `ProcessState.donating`), and
+                # cleared right before the store, with no signal check between: the step may
+                # run Python (JAX tracing it for new shapes, a jax.debug.callback) that reads
+                # and updates variables it did not lift.
+                STATE.donating = True
+                if sum(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP * len(arrays):
+                    arrays = _update.copy_shared(originals, lifted, self.copy_action)
+                    calls[0] = (arrays, dynamic)
+                STATE.donating = False
+                _variable.consume(stores)
+                result = next(outputs)  # the result, after the variables' arrays
+            except CopyError:
+                raise  # refused before the call: nothing donated, no variable changed
+            except Exception as error:
+                raise self._failed_call(lifted, arrays, error, dynamic) from error
+            finally:
+                STATE.donating = False
+            # What a trace JAX made inside this call found, read under the lock: another
+            # thread's call may trace again once it is released.
+            retraced = traced.found
+            if (
+                lifted
+                and type(lifted[0]._value) not in _CONCRETE_TYPES  # no tracer type is there
+                and isinstance(lifted[0]._value, Tracer)
+            ):
+                # Called inside jax.jit without traced arguments: the whole call was traced
+                # (nothing ran, nothing was donated), so every value is a tracer; so are
+                # copies made of shared arrays: put back the variables' own.
+                _variable.put_back(lifted, originals)
+                raise self._under_transformation()
+        finally:
+            try:
+                _release()
+            except RuntimeError:
+                pass  # acquire itself was interrupted while waiting: nothing to release
+        if retraced is not found and retraced is not None and retraced.needs_retrace:
+            return _MISS
+        return result
 
     def _trace(
         self,
@@ -225,28 +331,24 @@ class JitFunction:
         entry: Entry,
         dynamic: tuple[Any, ...],
         *,
-        donating: bool,
         replaced: list[tuple[Variable, jax.Array]] | None = None,
-    ) -> tuple[Entry, list[jax.Array], list[jax.Array], Found]:
+    ) -> tuple[Entry, list[jax.Array]]:
         """Traces ``entry`` for a call, and again on an entry lifting more while the trace
         finds variables to lift (see `Found`); checks placements before each trace. Runs
-        nothing, donates nothing. If ``donating``, commits variables placed nowhere where
-        the call commits (see `Entry.commit_lifted`, which records them in ``replaced``).
+        nothing, donates nothing. Given ``replaced`` (a call to run), commits variables
+        placed nowhere where the call commits (see `Entry.commit_lifted`, which records
+        them in ``replaced``).
 
         Returns:
-          The entry whose trace found nothing more, the arrays it was traced with (ready to
-          donate if ``donating``, see `Entry.arrays`; else the variables' own), the
-          variables' own arrays, and what the trace found.
+          The entry whose trace found nothing more, and the variables' arrays it was traced
+          with.
         """
 
         def attempt(entry: Entry) -> tuple[tuple, Found | None]:
             self._check_devices(entry.lifted, [v._value for v in entry.lifted], dynamic)
-            if donating:
-                assert replaced is not None
+            if replaced is not None:
                 entry.commit_lifted(dynamic, replaced)
-                arrays, originals = entry.arrays(self.copy_action)
-            else:
-                arrays = originals = [v._value for v in entry.lifted]
+            arrays = [v._value for v in entry.lifted]
             try:
                 found = entry.trace(arrays, dynamic)
             except _trace.NeedsEagerTrace:
@@ -254,19 +356,19 @@ class JitFunction:
                 # jax.ensure_compile_time_eval, which makes every creation of the first call.
                 self._creation.eager = True
                 found = entry.trace(arrays, dynamic)
-            return (arrays, originals, found), found if found.needs_retrace else None
+            return (arrays, found), found if found.needs_retrace else None
 
-        (arrays, originals, found), entry = _trace.retrace(
+        (arrays, found), entry = _trace.retrace(
             attempt, functools.partial(self._retrace, key), entry
         )
         # Held in refs from the start if the entry is ever compiled again.
         entry.refs = tuple(dict.fromkeys((*entry.refs, *found.lifted_refs)))
-        return entry, arrays, originals, found
+        return entry, arrays
 
     def _first_call(self, key: Any, entry: Entry, dynamic: tuple[Any, ...]) -> Any:
         """Traces ``entry`` (again with more variables lifted, while the trace finds
-        some), then runs it as the warm call does, holding signal handlers: JAX's first
-        call runs Python code after donating."""
+        some), checks its donations, then runs it as the warm call does, holding signal
+        handlers: JAX's first call runs Python code after donating."""
         with STATE.update_lock:
             if STATE.donating:
                 # In a signal handler that interrupted a donating update (see
@@ -274,56 +376,38 @@ class JitFunction:
                 raise self._interrupted()
             replaced: list[tuple[Variable, jax.Array]] = []
             try:
-                entry, arrays, originals, found = self._trace(
-                    key, entry, dynamic, donating=True, replaced=replaced
-                )
-            except BaseException as error:
-                uncommit(replaced)  # nothing ran: every variable as it was
-                if not (isinstance(error, (RuntimeError, ValueError)) and _is_deleted_error(error)):
-                    raise
-                # Copying a shared array that was deleted: name the variable.
-                arrays = [v._value for v in entry.lifted]
-                raise self._failed_call(entry.lifted, arrays, error) from error
-            lifted = entry.lifted
-            try:
-                try:
-                    entry.check_donations(arrays, dynamic, self.copy_action)
-                except BaseException:
-                    uncommit(replaced)  # refused or not lowered: nothing ran
-                    raise
+                entry, arrays = self._trace(key, entry, dynamic, replaced=replaced)
+                entry.check_donations(arrays, dynamic, self.copy_action)
+                committed = [a.committed for a in arrays]
+                del arrays  # the call donates what nothing else holds
                 with held_signals():
-                    outputs = itertools.starmap(entry.jitted, ((arrays, dynamic),))
-                    result = _variable.bulk_store(lifted)(outputs)
+                    result = self._donating_call(entry, dynamic)
                     # Checked before the signal handlers are back, so that no exception can
                     # leave a variable committed in the epoch it was uncommitted in.
+                    lifted = entry.lifted
                     if (
                         lifted
-                        and not isinstance(lifted[0]._value, Tracer)
+                        and result is not _MISS
                         and any(
-                            a.committed is not v._value.committed
-                            for a, v in zip(arrays, lifted, strict=True)
+                            was is not v._value.committed
+                            for was, v in zip(committed, lifted, strict=True)
                         )
                     ):
                         # The step committed what it computed (a sharding constraint, a
                         # committed constant): every compiled step's next call, and each
                         # variable's next eager update, run as first calls.
                         STATE.bump_compile_epoch()
-            except CopyError:
-                raise  # refused before the call: nothing donated, no variable changed
-            except Exception as error:
-                raise self._failed_call(entry.lifted, arrays, error, dynamic) from error
-            retraced = entry.last_found  # JAX traced again rather than reuse the trace
-            if lifted and isinstance(lifted[0]._value, Tracer):
-                # Called inside jax.jit without traced arguments: the whole call was traced
-                # (nothing ran, nothing was donated), so every value is a tracer; so are
-                # copies made of shared arrays: put back the variables' own.
-                _variable.put_back(entry.lifted, originals)
-                raise self._under_transformation()
-        if retraced is not found and retraced is not None and retraced.needs_retrace:
-            # That trace found more to lift, and gave every variable back unchanged.
-            return self._run(key, entry, dynamic)
+            except BaseException:
+                if not any(v._value.is_deleted() for v, _ in replaced):
+                    uncommit(replaced)  # nothing donated: every variable as it was
+                raise
+        if result is _MISS:
+            # JAX traced again inside the call, found more to lift, and gave every variable
+            # back unchanged.
+            return self._first_call(key, self._current(key, entry), dynamic)
         # A refused donation takes no warm call: each call applies the copy policy of its time.
-        entry.call = None if entry.refused else warm_call(self, entry)
+        entry.warm = not entry.refused
+        entry.uncommitted = any(not v._value.committed for v in entry.lifted)
         return result
 
     def _check_devices(self, lifted: tuple[Variable, ...], arrays: list, dynamic: tuple) -> None:
@@ -463,51 +547,6 @@ def _clear_compiled_steps() -> None:
         compiled.jit_function._cache.clear()
 
 
-def _calling(compiled: JitFunction) -> Callable[..., Any]:
-    """The function `jit` returns calls this: the fast paths to a warm entry, with
-    everything they use bound once; anything else goes to `JitFunction.__call__`."""
-    run, general, missed = compiled._run, compiled.__call__, compiled._missed
-    entries, find = compiled._cache.entries, compiled._cache.find
-    accepts = STATE.concrete_argument_types.issuperset
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if not kwargs and not STATE.open_trace_frames:
-                if accepts(map(type, args)):
-                    # Fast path for the common step(x, y): only concrete arrays and scalars, so
-                    # the key needs no flatten and no argument can be a tracer. Only calls
-                    # without variables, modules or static arguments are compiled under it.
-                    entry = entries.get(len(args))
-                    if entry is not None:
-                        warm = entry.call
-                        if warm is not None:
-                            result = warm(args)
-                            if type(result) is not Miss:
-                                return result
-                            return missed(len(args), entry, args, result)
-                        return run(len(args), entry, args)
-                else:
-                    # Fast path for step(model, x) and methods: arrays, Variables and Modules
-                    # seen before, as long as the Modules still hold the same objects. (The types
-                    # are mapped again: the array path above, the commoner, builds no tuple.)
-                    indexed = find(tuple(map(type, args)), args)
-                    if indexed is not None:
-                        key, entry, dynamic = indexed
-                        warm = entry.call
-                        if warm is None:
-                            return run(key, entry, dynamic)
-                        result = warm(dynamic)
-                        return (
-                            missed(key, entry, dynamic, result) if type(result) is Miss else result
-                        )
-            return general(*args, **kwargs)
-        except BaseException as error:
-            release_frames(error)  # a kept error keeps no array (see `release_frames`)
-            raise
-
-    return call
-
-
 @overload
 def jit(fn: Callable[Params, Result], **jit_kwargs: Any) -> Compiled[Params, Result]: ...
 
@@ -584,28 +623,36 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
         # @statevar.jit above @staticmethod or @classmethod: compile the function inside.
         return type(fn)(jit(fn.__func__, **jit_kwargs))
     compiled = JitFunction(fn, **jit_kwargs)
-    call = _calling(compiled)
-
     if isinstance(fn, types.FunctionType):
-        # A plain function gives a plain function: it binds as a method, Python calls it
-        # fastest, and a deep copy shares it, as it shares any function.
-        call.jit_function, call._jit_kwargs, call.lower = compiled, jit_kwargs, compiled.lower
-        call.memory_report = compiled.memory_report
-        STATE.compiled_functions.add(call)
-        return _wrap(call, fn)
+        return _plain_function(compiled, fn, jit_kwargs)
     # A bound method (an Optimizer's, say), a partial or a callable object belongs to an
     # instance: a deep copy of that instance must get a function compiled for the copy.
-    wrapper = _wrap(CompiledFunction(call, compiled, jit_kwargs), fn)
+    wrapper = _wrap(CompiledFunction(compiled.__call__, compiled, jit_kwargs), fn)
     STATE.compiled_functions.add(wrapper)
     return wrapper
+
+
+def _plain_function(compiled: JitFunction, fn: Callable, jit_kwargs: dict[str, Any]) -> Any:
+    """What `jit` returns for a plain function: a plain function calling ``compiled``. It
+    binds as a method, Python calls it fastest, and a deep copy shares it, as it shares any
+    function."""
+    run = compiled.__call__
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return run(*args, **kwargs)
+
+    call.jit_function, call._jit_kwargs, call.lower = compiled, jit_kwargs, compiled.lower
+    call.memory_report = compiled.memory_report
+    STATE.compiled_functions.add(call)
+    return _wrap(call, fn)
 
 
 class CompiledFunction(functools.partial):
     """What `jit` returns for anything but a plain function: a function that binds as a
     method and deep-copies with the instance it belongs to.
 
-    A `functools.partial` of the calling function, which Python calls almost as fast as a
-    plain function (much faster than an object's ``__call__``).
+    A `functools.partial` of the `JitFunction`'s bound ``__call__``, which Python calls
+    almost as fast as a plain function.
     """
 
     # Set on each instance by `__new__` (a partial has a ``__dict__``), as on the plain

@@ -8,7 +8,7 @@ array arguments and returns every lifted variable's new array, then the result.
 A `Cache` owns every entry of one function and the indexes that let a call find its entry
 without flattening its arguments. Its invariants:
 
-- ``entries[key]`` is the entry for calls split to ``key`` (see `_jit.split_call`).
+- ``entries[key]`` is the entry for calls split to ``key`` (see `split_call`).
 - A Module in a key is held weakly (see `reference`); when it is freed, `Cache.forget`
   drops the entries keyed on it and their fast-path indexes, before its id can be reused.
 - ``by_state[state_key] = (key, structures)`` only while ``entries[key]`` exists, and
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -33,7 +32,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from . import _copies, _placement, _trace, _update, _variable
+from . import _copies, _placement, _trace, _variable
 from ._convert import Tracer
 from ._errors import TraceContextError
 from ._state import STATE
@@ -47,9 +46,11 @@ from ._tree import (
 )
 from ._variable import Variable
 
-# Bound once: `Entry.arrays` runs on every trace.
-_getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+# The exact types of the concrete (non-tracer) array arguments `statevar.jit` has seen: its
+# fast path accepts arguments of these types only. It starts with the NumPy and Python ones
+# (not bool: a Python bool argument is static, see `split_call`); no tracer type is ever in.
+CONCRETE_ARGUMENT_TYPES: set[type] = {np.ndarray, int, float, complex}
 
 
 class Found:
@@ -88,7 +89,7 @@ class Found:
         return bool(self.unlifted or self.wanted_refs or self.eager)
 
 
-class _Traced:
+class Traced:
     """Receives the `Found` of the latest trace of an entry's pure function (JAX traces it
     inside `Entry.trace`, or again inside a call with new argument shapes)."""
 
@@ -111,8 +112,12 @@ class Entry:
         a trainable flag or a sharding changed anywhere (a new ``epoch``).
       structure: `ProcessState.structure_epoch` when made: a Module that let go of a variable
         the entry lifts since makes a new entry, traced again (see `ProcessState.stale`).
-      call: the lean warm call (see `_warm_call.warm_call`), once the entry has run; None
-        before.
+      warm: whether the entry has run, its step compiled by JAX for its arguments: a call
+        takes the warm call (see `JitFunction`). Cleared by a call given a committed
+        argument while ``uncommitted``.
+      uncommitted: whether a lifted variable held an uncommitted array when the entry
+        became warm (such a call runs as a first call, which commits it).
+      traced: receives what the latest trace found (see `last_found`).
       refused: the lifted variables whose donation JAX refused when it lowered the step
         (no output could take the buffer, or the platform does not donate), by index, with
         the cause (see `_copies.refused`).
@@ -127,9 +132,10 @@ class Entry:
         "flags",
         "epoch",
         "structure",
-        "call",
+        "warm",
+        "uncommitted",
         "refused",
-        "_traced",
+        "traced",
     )
 
     def __init__(
@@ -143,29 +149,15 @@ class Entry:
         creation: _trace.Creation,
     ):
         self.lifted, self.refs, self.split, self.extra = lifted, refs, split, extra
-        self._traced = _Traced()
-        pure = _pure_step(fn, split, lifted, refs, self._traced, creation)
+        self.traced = Traced()
+        pure = _pure_step(fn, split, lifted, refs, self.traced, creation)
         self.jitted = jax.jit(pure, donate_argnums=0, **jit_kwargs)
         self.flags = _variable.compile_flags(lifted)
         self.epoch = STATE.compile_epoch
         self.structure = STATE.structure_epoch
-        self.call: Callable[[tuple[Any, ...]], Any] | None = None
+        self.warm = False
+        self.uncommitted = False
         self.refused: dict[int, str] = {}
-
-    def arrays(self, action: str) -> tuple[list[jax.Array], list[jax.Array]]:
-        """The lifted variables' arrays ready to donate (each held by its variable alone, or
-        a copy: an array read earlier stays valid), and their own arrays, to put back if the
-        call turns out to be traced. Call it under `ProcessState.update_lock`; ``action``
-        names the call for the copy policy.
-
-        Raises:
-          CopyError: under the copy policy ``"raise"``, for an array held elsewhere.
-        """
-        arrays = [v._value for v in self.lifted]
-        # One pass in C for the common case: every array held by its variable alone.
-        if sum(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP * len(arrays):
-            return _update.copy_shared(arrays, self.lifted, action), arrays
-        return arrays, arrays
 
     def commit_lifted(
         self, dynamic: tuple[Any, ...], replaced: list[tuple[Variable, jax.Array]]
@@ -198,7 +190,7 @@ class Entry:
         """Traces the step for these arguments (JAX keeps the trace for the call that
         follows) and returns what it found. Runs nothing and donates nothing."""
         self.jitted.trace(arrays, dynamic)
-        found = self._traced.found
+        found = self.traced.found
         assert found is not None  # set by every trace of the pure function
         return found
 
@@ -234,7 +226,7 @@ class Entry:
     @property
     def last_found(self) -> Found | None:
         """What the latest trace found: JAX traces again, inside a call, for new shapes."""
-        return self._traced.found
+        return self.traced.found
 
 
 def uncommit(replaced: list[tuple[Variable, jax.Array]]) -> None:
@@ -250,7 +242,7 @@ def _pure_step(
     split: tuple,
     lifted: tuple[Variable, ...],
     refs: tuple[Variable, ...],
-    traced: _Traced,
+    traced: Traced,
     creation: _trace.Creation,
 ) -> Callable:
     """Returns the pure function an entry compiles: ``(arrays, dynamic) -> (*new arrays of
@@ -433,16 +425,17 @@ class Cache:
                 self.forget(previous)
             self.latest[identity], self.identities[key] = key, identity
 
-    def find(self, types: tuple[type, ...], args: tuple) -> tuple[Any, Entry, tuple] | None:
+    def find(self, types: tuple[type, ...], args: tuple) -> tuple[Any, Entry | None, tuple]:
         """The key, entry and array arguments of a call (its arguments ``args``, of types
-        ``types``) indexed before, if its Modules still hold the same objects; else None."""
+        ``types``) indexed before, if its Modules still hold the same objects; else
+        ``(None, None, ())``."""
         plan = self.plans.get(types)
         if plan is None:
-            return None
+            return _NOT_FOUND
         state, arrays = plan
         indexed = self.by_state.get((types, tuple(map(id, map(args.__getitem__, state)))))
         if indexed is None or not all(s.unchanged() for s in indexed[1]):
-            return None
+            return _NOT_FOUND
         key = indexed[0]
         return key, self.entries[key], tuple(map(args.__getitem__, arrays))
 
@@ -465,6 +458,9 @@ class Cache:
             del self.latest[identity]
         for finalizer in self.finalizers.pop(key, ()):
             finalizer.detach()  # a no-op for the one running now
+
+
+_NOT_FOUND: tuple[Any, Entry | None, tuple] = (None, None, ())
 
 
 def _forget(cache_ref: weakref.ref, key: Any) -> None:
@@ -517,7 +513,7 @@ def split_call(
         ):
             if isinstance(leaf, Tracer):
                 raise under_transformation(name)
-            STATE.concrete_argument_types.add(type(leaf))
+            CONCRETE_ARGUMENT_TYPES.add(type(leaf))
             dynamic.append(leaf)
             continue
         if isinstance(leaf, Variable):

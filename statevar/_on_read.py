@@ -29,13 +29,13 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _caches, _placement, _trace, _update, _updating
+from . import _caches, _placement, _trace, _update
 from ._convert import broadcasts_to, check_not_deleted, convert_for_update
 from ._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from ._per_replica import PerReplica
 from ._state import STATE
 from ._update import Operation
-from ._variable import Variable
+from ._variable import Variable, check_operation, run_kernel
 from ._view import read_operand, register_readable
 
 _getrefcount, _SOLE_HOLDER = sys.getrefcount, _update.SOLE_HOLDER
@@ -378,10 +378,10 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 )
             operand = value
             donating, copying = cross_replica_updates(operation, layout)
-        _updating.check_operation(self, operation)
+        check_operation(self, operation)
         signature = _update.signature(operation, operand, index)
         operands = (operand,) if index is None else (operand, *index)
-        _updating.run_kernel(self, operation, (donating, copying), signature, value, operands)
+        run_kernel(self, operation, (donating, copying), signature, value, operands)
         _placement.log(self.name, operation.name, self.sharding)
         return self
 
@@ -414,7 +414,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
                 new = apply(operation, old, split(self._layout, value), index)
             else:
                 new = operation.pure(old, value, *index)
-        _updating.check_operation(self, operation)
+        check_operation(self, operation)
         if per_replica:
             new = _placement.pin(new, self._layout.replica_sharding)
         _trace.write(self, new, operation.phrase)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 import threading
@@ -45,6 +46,21 @@ class PlacementWarning(UserWarning):
 _thread_scopes = threading.local()
 
 
+@dataclasses.dataclass(eq=False, slots=True)
+class PlacementSettings:
+    """How placement treats a device this machine lacks, process-wide.
+
+    Attributes:
+      soft: whether a missing device falls back to the default one
+        (`statevar.set_soft_device_placement`), as TensorFlow's soft placement.
+    """
+
+    soft: bool = True
+
+
+SETTINGS = PlacementSettings()
+
+
 def set_soft_device_placement(enabled: bool) -> None:
     """Turns soft device placement on or off (on by default).
 
@@ -55,7 +71,7 @@ def set_soft_device_placement(enabled: bool) -> None:
     Args:
       enabled: whether to fall back to the default device.
     """
-    STATE.soft_placement = bool(enabled)
+    SETTINGS.soft = bool(enabled)
 
 
 def set_log_device_placement(enabled: bool) -> None:
@@ -119,7 +135,7 @@ def resolve(spec: str | jax.Device, *, what: str = "", stacklevel: int = 2) -> j
     if index < len(devices):
         return devices[index]
     subject = f"{what} on " if what else ""
-    if not STATE.soft_placement:
+    if not SETTINGS.soft:
         raise PlacementError(
             f"Cannot place {subject}{spec!r}: no such device. Available devices: "
             f"{_available()}. Call statevar.set_soft_device_placement(True) to fall back "

@@ -1,10 +1,14 @@
-"""The process-wide mutable state every module shares: one typed object, `STATE`.
+"""The process-wide mutable state that crosses concerns: one typed object, `STATE`.
 
-Nothing else in the package keeps module-level state that another module reads or changes:
-the modules read and change `STATE`'s fields, each of which says what it guards, and
-invalidate compiled steps in one place (`ProcessState.bump_compile_epoch`). Per-thread
-state stays private to the module that owns it: the stack of trace frames in `_trace` and
-the stack of device and mesh scopes in `_placement`. Caches register with `_caches`.
+`STATE` keeps what several concerns read and change: the update lock, the compile and
+structure epochs that invalidate compiled steps (in one place,
+`ProcessState.bump_compile_epoch`), the open trace frames and the eager hot path's epoch
+computed from them, the compiled functions closure discovery follows, and the arrays
+background saves hold. State of one concern stays with it: the copy policy in `_copies`
+(`POLICY`), soft placement in `_placement` (`SETTINGS`), the checkpoint directory locks in
+`_checkpoint` (`DIRECTORY_LOCKS`), the concrete argument types of `statevar.jit`'s fast path
+in `_jit_cache`; per-thread state (the stack of trace frames in `_trace`, the device and
+mesh scopes in `_placement`) stays private to its module. Caches register with `_caches`.
 """
 
 from __future__ import annotations
@@ -14,15 +18,6 @@ import os
 import threading
 import weakref
 from typing import Any
-
-import numpy as np
-
-# The exact types of the concrete (non-tracer) array arguments `statevar.jit` starts with.
-# Not bool: a Python bool argument is static (see `_jit_cache.split_call`).
-_ARGUMENT_TYPES = (np.ndarray, int, float, complex)
-# The copy policy a process starts with: warn of copies of 64 MiB or more.
-DEFAULT_COPY_POLICY = "warn"
-DEFAULT_COPY_MIN_BYTES = 64 * 2**20
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -61,24 +56,11 @@ class ProcessState:
         thread or placements are logged, so that the hot path compares one field.
       compiled_updates_generation: changed by `forget_compiled_updates`
         (`statevar.clear_caches`): a variable that recorded its compiled updates in another
-        generation forgets them (see `_updating.run_kernel`).
-      soft_placement: whether a missing device falls back to the default one
-        (`statevar.set_soft_device_placement`), process-wide, as TensorFlow's.
+        generation forgets them (see `_variable.run_kernel`).
       log_placement: whether placements are logged (`statevar.set_log_device_placement`).
       compiled_functions: what `statevar.jit` returned (plain functions and
         `CompiledFunction` partials), so that closure discovery can follow them into the
         function each compiles, and `statevar.clear_caches` can empty them.
-      checkpoint_locks: one lock per checkpoint directory (resolved path) that this process
-        saves into or restores from (see `_checkpoint.directory_lock`), guarded by
-        `checkpoint_locks_guard`: a save deletes what it did not write, so two threads
-        saving into one directory would delete each other's data.
-      concrete_argument_types: the exact types of the concrete (non-tracer) array arguments
-        `statevar.jit` has seen; its fast path accepts arguments of these types only.
-      copy_policy: what an update or a compiled step does when it copies a variable
-        instead of donating its buffer: ``"silent"``, ``"warn"`` or ``"raise"``
-        (`statevar.set_copy_policy`). Read in Python around the calls only: never part of
-        a JAX cache key or trace context.
-      copy_min_bytes: the size from which `copy_policy` applies; smaller copies are silent.
       saved_arrays: how many background checkpoint saves in flight hold each array, by id
         (see `_pending.PendingSave`): an update copying such an array copies for the save,
         which the copy policy tells apart. A save holds its arrays while registered, so
@@ -94,16 +76,8 @@ class ProcessState:
     open_trace_frames: int = 0
     hot_epoch: int = 0
     compiled_updates_generation: int = 0
-    soft_placement: bool = True
     log_placement: bool = False
     compiled_functions: weakref.WeakSet[Any] = dataclasses.field(default_factory=weakref.WeakSet)
-    checkpoint_locks: dict[str, Any] = dataclasses.field(default_factory=dict)
-    checkpoint_locks_guard: Any = dataclasses.field(default_factory=threading.Lock)
-    concrete_argument_types: set[type] = dataclasses.field(
-        default_factory=lambda: set(_ARGUMENT_TYPES)
-    )
-    copy_policy: str = DEFAULT_COPY_POLICY
-    copy_min_bytes: int = DEFAULT_COPY_MIN_BYTES
     saved_arrays: dict[int, int] = dataclasses.field(default_factory=dict)
     # Guards the changes of `compile_epoch`, `open_trace_frames` and `hot_epoch`, which the
     # last is computed from.

@@ -49,7 +49,7 @@ def first_calls(monkeypatch):
             yield
 
     monkeypatch.setattr(statevar._jit, "held_signals", counting)
-    monkeypatch.setattr(statevar._updating, "held_signals", counting)
+    monkeypatch.setattr(statevar._variable, "held_signals", counting)
     return counted
 
 

@@ -29,7 +29,6 @@ import pytest
 
 import statevar
 from statevar import _checkpoint, _manager, _manifest
-from statevar._state import STATE
 
 MANIFEST = "statevar_checkpoint.json"
 
@@ -667,7 +666,7 @@ def test_manager_restore_chooses_its_step_holding_the_directory_lock(tmp_path, m
     locked = []
 
     def all_steps():
-        locked.append(STATE.checkpoint_locks[str(tmp_path.resolve())]._is_owned())
+        locked.append(_checkpoint.DIRECTORY_LOCKS.locks[str(tmp_path.resolve())]._is_owned())
         return real_all_steps()
 
     monkeypatch.setattr(manager, "all_steps", all_steps)
@@ -686,7 +685,10 @@ def test_restoring_a_managers_step_directory_reads_holding_the_managers_lock(tmp
     locked = []
 
     def read_restored(*args):
-        locks = [STATE.checkpoint_locks[str(p.resolve())] for p in (tmp_path / "run", tmp_path)]
+        locks = [
+            _checkpoint.DIRECTORY_LOCKS.locks[str(p.resolve())]
+            for p in (tmp_path / "run", tmp_path)
+        ]
         locked.append([lock._is_owned() for lock in locks])
         return real_read(*args)
 

@@ -163,7 +163,7 @@ def test_min_bytes_lets_small_copies_pass():
 
 
 def test_the_default_warns_of_copies_from_64_mib():
-    assert (STATE.copy_policy, STATE.copy_min_bytes) == ("warn", 64 * 2**20)
+    assert (_copies.POLICY.policy, _copies.POLICY.min_bytes) == ("warn", 64 * 2**20)
     small = statevar.Variable(jnp.zeros(4), name="small")
     read = small.value
     small.assign_add(1.0)  # a small copy: no warning (the suite turns warnings into errors)
@@ -388,18 +388,18 @@ def test_a_refused_donation_meets_the_policy_of_each_calls_time(first_donation_u
 def test_set_copy_policy_sets_the_process_policy():
     try:
         statevar.set_copy_policy("silent")
-        assert (STATE.copy_policy, STATE.copy_min_bytes) == ("silent", 0)
+        assert (_copies.POLICY.policy, _copies.POLICY.min_bytes) == ("silent", 0)
         statevar.set_copy_policy("raise", min_bytes=1024)
-        assert (STATE.copy_policy, STATE.copy_min_bytes) == ("raise", 1024)
+        assert (_copies.POLICY.policy, _copies.POLICY.min_bytes) == ("raise", 1024)
     finally:
         statevar.set_copy_policy("warn", min_bytes=64 * 2**20)
 
 
 def test_copy_policy_puts_the_previous_policy_back_after_an_error():
     with pytest.raises(KeyError), statevar.copy_policy("raise", min_bytes=3):
-        assert (STATE.copy_policy, STATE.copy_min_bytes) == ("raise", 3)
+        assert (_copies.POLICY.policy, _copies.POLICY.min_bytes) == ("raise", 3)
         raise KeyError
-    assert (STATE.copy_policy, STATE.copy_min_bytes) == ("warn", 64 * 2**20)
+    assert (_copies.POLICY.policy, _copies.POLICY.min_bytes) == ("warn", 64 * 2**20)
 
 
 @pytest.mark.parametrize(
@@ -421,4 +421,4 @@ def test_set_copy_policy_refuses_bad_settings(policy, min_bytes, error, match):
         statevar.set_copy_policy(policy, min_bytes=min_bytes)
     with pytest.raises(error, match=match), statevar.copy_policy(policy, min_bytes=min_bytes):
         pass
-    assert (STATE.copy_policy, STATE.copy_min_bytes) == ("warn", 64 * 2**20)
+    assert (_copies.POLICY.policy, _copies.POLICY.min_bytes) == ("warn", 64 * 2**20)

@@ -76,9 +76,8 @@ def test_no_module_imports_a_higher_one_even_for_type_checkers():
 
 def test_the_foundations_import_nothing_above_them():
     graph, _ = _graph()
-    # Errors and the signal guard import no statevar module, the shared state only the C
-    # extension (which imports none); the core Variable imports nothing that walks trees,
-    # traces, compiles, optimizes or checkpoints.
+    # Errors, the signal guard and the shared state import no statevar module; the core
+    # Variable imports nothing that walks trees, traces, compiles, optimizes or checkpoints.
     assert graph["_errors"] == set() and graph["_signals"] == set()
     assert graph["_state"] == set()
     above_the_variable = {"_tree", "_module", "_jit", "_grad", "_optim", "_checkpoint"}

@@ -351,12 +351,12 @@ def test_a_ctrl_c_ending_an_update_that_commits_the_variable_closes_the_hot_path
     monkeypatch, general_path
 ):
     v, one = _on_the_hot_path("assign")
-    real = statevar._updating.held_signals
-    monkeypatch.setattr(statevar._updating, "held_signals", _ctrl_c_on_leaving(real))
+    real = statevar._variable.held_signals
+    monkeypatch.setattr(statevar._variable, "held_signals", _ctrl_c_on_leaving(real))
 
     with pytest.raises(KeyboardInterrupt):
         v.assign(jax.device_put(one, v.device))  # commits the variable
-    monkeypatch.setattr(statevar._updating, "held_signals", real)
+    monkeypatch.setattr(statevar._variable, "held_signals", real)
 
     assert v.value.committed is True
     general = len(general_path)
@@ -446,12 +446,11 @@ def _paths(v):
     for update in (lambda: v.assign_add(one), lambda: v.assign_add(1.0), step):
         update()
         update()  # warm: the hot path is open, the step compiled
-    (entry,) = step.jit_function._cache.entries.values()
     variable_globals = vars(statevar._variable)
     return [
         ("eager hot path", lambda: v.assign_add(one), variable_globals, "map"),
         ("eager general path", lambda: v.assign_add(1.0), variable_globals, "_starmap"),
-        ("compiled step", step, entry.call.__globals__, "_sum"),
+        ("compiled step", step, vars(statevar._jit), "sum"),
     ]
 
 

@@ -160,7 +160,7 @@ def test_assigning_a_committed_array_commits_the_variable_and_its_next_updates_r
     v = statevar.Variable([1.0, 2.0], name="v")
     one = jnp.ones(2)  # of the variable's abstract value: the hot path's bare key
     v.assign_add(one)
-    warm = statevar._updating.compiled_key("assign_add", committed=True)
+    warm = statevar._variable.compiled_key("assign_add", committed=True)
     assert "assign_add" in v._compiled and warm not in v._compiled
 
     v.assign(jax.device_put(jnp.array([3.0, 4.0]), _DEFAULT))
