@@ -49,8 +49,9 @@ _MISS = object()
 # Bound once: the warm call runs them on every call.
 _acquire, _release = STATE.update_lock.acquire, STATE.update_lock.release
 _read_array = operator.attrgetter(_variable.ARRAY_ATTRIBUTE)
-_getrefcount, _SOLE_HOLDER_IN_MAP = sys.getrefcount, _update.SOLE_HOLDER_IN_MAP
-_chain_from = itertools.chain.from_iterable
+_getrefcount = sys.getrefcount
+_chain_from, _starmap = itertools.chain.from_iterable, itertools.starmap
+_stores, _consume = _variable.stores, _variable.consume
 # The types of concrete array arguments seen: `_all_concrete` checks that a call's arguments
 # are all of them.
 _CONCRETE_TYPES = CONCRETE_ARGUMENT_TYPES
@@ -132,7 +133,8 @@ class JitFunction:
                     # step(x, y): only concrete arrays and scalars, so the key needs no
                     # flatten and no argument can be a tracer. Only calls without variables,
                     # modules or static arguments are compiled under it.
-                    key, entry, dynamic = len(args), self._entries.get(len(args)), args
+                    key = len(args)
+                    entry, dynamic = self._entries.get(key), args
                 else:
                     # step(model, x) and methods: arrays, Variables and Modules seen before,
                     # as long as the Modules still hold the same objects.
@@ -277,25 +279,25 @@ class JitFunction:
             if STATE.donating:
                 # The update this signal handler interrupted would store over this step's.
                 raise self._interrupted()
-            arrays = originals = list(map(_read_array, lifted))
+            arrays = originals = [*map(_read_array, lifted)]
             traced = entry.traced
             found = traced.found
             # The call, made when the store is consumed; its arguments sit in a list, so
             # that copies of shared arrays can take their place.
             calls = [(arrays, dynamic)]
-            outputs = _chain_from(itertools.starmap(entry.jitted, calls))
-            stores = _variable.stores(lifted, outputs)
+            outputs = _chain_from(_starmap(entry.jitted, calls))
+            stores = _stores(lifted, outputs)
             try:
                 # Set while the reference counts are read (see `ProcessState.donating`), and
                 # cleared right before the store, with no signal check between: the step may
                 # run Python (JAX tracing it for new shapes, a jax.debug.callback) that reads
                 # and updates variables it did not lift.
                 STATE.donating = True
-                if sum(map(_getrefcount, arrays)) > _SOLE_HOLDER_IN_MAP * len(arrays):
+                if sum(map(_getrefcount, arrays)) > entry.unshared:
                     arrays = _update.copy_shared(originals, lifted, self.copy_action)
                     calls[0] = (arrays, dynamic)
                 STATE.donating = False
-                _variable.consume(stores)
+                _consume(stores)
                 result = next(outputs)  # the result, after the variables' arrays
             except CopyError:
                 raise  # refused before the call: nothing donated, no variable changed
@@ -308,7 +310,7 @@ class JitFunction:
             retraced = traced.found
             if (
                 lifted
-                and type(lifted[0]._value) not in _CONCRETE_TYPES  # no tracer type is there
+                and lifted[0]._value.__class__ not in _CONCRETE_TYPES  # no tracer type is there
                 and isinstance(lifted[0]._value, Tracer)
             ):
                 # Called inside jax.jit without traced arguments: the whole call was traced

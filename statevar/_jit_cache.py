@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from . import _copies, _placement, _trace, _variable
+from . import _copies, _placement, _trace, _update, _variable
 from ._convert import Tracer
 from ._errors import TraceContextError
 from ._state import STATE
@@ -136,6 +136,7 @@ class Entry:
         "uncommitted",
         "refused",
         "traced",
+        "unshared",
     )
 
     def __init__(
@@ -157,6 +158,9 @@ class Entry:
         self.structure = STATE.structure_epoch
         self.warm = False
         self.uncommitted = False
+        # The sum of the arrays' reference counts in `sys.getrefcount` by `map` when no
+        # other object holds any (see `_update.SOLE_HOLDER_IN_MAP`).
+        self.unshared = _update.SOLE_HOLDER_IN_MAP * len(lifted)
         self.refused: dict[int, str] = {}
 
     def commit_lifted(
