@@ -298,17 +298,22 @@ def time_bandwidth(gib: float, repeats: int) -> dict[str, float]:
 
 def report_bandwidth(gib: float, repeats: int, check: bool) -> None:
     device = jax.devices()[0]
-    print(f"statevar {statevar.__version__}, jax {jax.__version__}, device {device} "
-          f"({device.device_kind})")
+    print(
+        f"statevar {statevar.__version__}, jax {jax.__version__}, device {device} "
+        f"({device.device_kind})"
+    )
     times = time_bandwidth(gib, repeats)
     moved = 2 * int(gib * 2**30)  # read once, written once
-    print(f"\n(c) f32 {gib:g} GiB, median of {repeats} runs each, taking turns; bandwidth "
-          f"counts the bytes\n    read and written")
+    print(
+        f"\n(c) f32 {gib:g} GiB, median of {repeats} runs each, taking turns; bandwidth "
+        f"counts the bytes\n    read and written"
+    )
     print(f"    {'operation':<28}{'time':>12}{'bandwidth':>14}")
     labels = {"assign_add": "statevar v.assign_add(1.0)", "copy": "device-to-device x.copy()"}
     for name, label in labels.items():
-        print(f"    {label:<28}{_format_time(times[name]):>12}"
-              f"{moved / times[name] / 1e9:>10.1f} GB/s")
+        print(
+            f"    {label:<28}{_format_time(times[name]):>12}{moved / times[name] / 1e9:>10.1f} GB/s"
+        )
     share = times["copy"] / times["assign_add"]
     passed = share >= BANDWIDTH_TARGET
     print("\nTargets")

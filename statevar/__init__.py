@@ -2,12 +2,28 @@
 
 from . import random as random
 from ._caches import clear_caches as clear_caches
-from ._checkpoint import RestoreResult as RestoreResult
-from ._checkpoint import restore as restore
-from ._checkpoint import save as save
-from ._copies import CopyWarning as CopyWarning
-from ._copies import copy_policy as copy_policy
-from ._copies import set_copy_policy as set_copy_policy
+from ._cell.copies import CopyWarning as CopyWarning
+from ._cell.copies import copy_policy as copy_policy
+from ._cell.copies import set_copy_policy as set_copy_policy
+from ._cell.placement import PlacementWarning as PlacementWarning
+from ._cell.placement import device as device
+from ._cell.placement import mesh as mesh
+from ._cell.placement import set_log_device_placement as set_log_device_placement
+from ._cell.placement import set_soft_device_placement as set_soft_device_placement
+from ._cell.variable import Variable as Variable
+from ._checkpoint.async_saves import PendingSave as PendingSave
+from ._checkpoint.manager import CheckpointManager as CheckpointManager
+from ._checkpoint.save_restore import RestoreResult as RestoreResult
+from ._checkpoint.save_restore import restore as restore
+from ._checkpoint.save_restore import save as save
+from ._compile.grad import grad as grad
+from ._compile.grad import value_and_grad as value_and_grad
+from ._compile.memory_report import MemoryReport as MemoryReport
+from ._compile.stateless import read_values as read_values
+from ._compile.stateless import stateless_call as stateless_call
+from ._compile.step import jit as jit
+from ._distribute.per_replica import PerReplica as PerReplica
+from ._distribute.reshard import reshard as reshard
 from ._errors import CheckpointCorruptedError as CheckpointCorruptedError
 from ._errors import CheckpointDamagedError as CheckpointDamagedError
 from ._errors import CheckpointExistsError as CheckpointExistsError
@@ -21,26 +37,10 @@ from ._errors import PlacementError as PlacementError
 from ._errors import ShapeMismatchError as ShapeMismatchError
 from ._errors import StatevarError as StatevarError
 from ._errors import TraceContextError as TraceContextError
-from ._functional import read_values as read_values
-from ._functional import stateless_call as stateless_call
-from ._grad import grad as grad
-from ._grad import value_and_grad as value_and_grad
-from ._jit import jit as jit
-from ._manager import CheckpointManager as CheckpointManager
-from ._memory_report import MemoryReport as MemoryReport
-from ._module import Module as Module
-from ._optim import Optimizer as Optimizer
-from ._pending import PendingSave as PendingSave
-from ._per_replica import PerReplica as PerReplica
-from ._placement import PlacementWarning as PlacementWarning
-from ._placement import device as device
-from ._placement import mesh as mesh
-from ._placement import set_log_device_placement as set_log_device_placement
-from ._placement import set_soft_device_placement as set_soft_device_placement
-from ._pytree import OptimizerState as OptimizerState
-from ._reshard import reshard as reshard
-from ._summary import summary as summary
-from ._variable import Variable as Variable
+from ._train.module import Module as Module
+from ._train.optimizer import Optimizer as Optimizer
+from ._train.pytree import OptimizerState as OptimizerState
+from ._train.summary import summary as summary
 
 __version__ = "0.1.0"
 

@@ -51,6 +51,24 @@ def release_frames(error: BaseException) -> None:
         pending += (current.__cause__, current.__context__)
 
 
+def format_bytes(size: int) -> str:
+    """Returns a byte count as ``"12 B"``, ``"1.5 KiB"``, ``"3.0 MiB"``...
+
+    Example:
+      >>> from statevar._errors import format_bytes
+      >>> format_bytes(12), format_bytes(1536), format_bytes(3 * 2**30)
+      ('12 B', '1.5 KiB', '3.0 GiB')
+    """
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
 class StatevarError(Exception):
     """Base class of every error statevar raises."""
 

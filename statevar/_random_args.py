@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._convert import Tracer
+from ._cell.convert import Tracer
 from ._errors import ShapeMismatchError
 
 # Seeds are taken as 32 bits, whatever jax_enable_x64 says: without it JAX would keep the

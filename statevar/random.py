@@ -19,14 +19,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _nesting, _trace
 from . import _random_args as args
-from ._convert import Tracer
-from ._creation import creating
+from ._cell.convert import Tracer
+from ._cell.creation import creating
+from ._cell.variable import Variable
 from ._errors import TraceContextError
-from ._module import Module
 from ._state import STATE
-from ._variable import Variable
+from ._tracing import frames as _frames
+from ._tracing import nesting as _nesting
+from ._train.module import Module
 
 __all__ = ["Generator", "get_global_generator", "set_global_generator"]
 
@@ -707,7 +708,7 @@ class Generator(Module):
         state = self.state
         with STATE.update_lock:
             try:
-                if _trace.innermost() is None and _nesting.enclosing_vmap() is not None:
+                if _frames.innermost() is None and _nesting.enclosing_vmap() is not None:
                     # No statevar trace to carry the assignment: the draw would run once,
                     # for every element alike.
                     raise TraceContextError(
@@ -717,7 +718,7 @@ class Generator(Module):
                 # Under a nested transformation (a scan's body), the key moves into a ref
                 # before it is read, so that each iteration reads what the one before wrote
                 # and the step traces once.
-                _trace.prepare_update(state, "assign to")
+                _frames.prepare_update(state, "assign to")
             except TraceContextError as error:
                 raise self._cannot(action, error) from None
             new_data, result = advance(state.value)

@@ -48,8 +48,8 @@ def first_calls(monkeypatch):
         with real():
             yield
 
-    monkeypatch.setattr(statevar._jit, "held_signals", counting)
-    monkeypatch.setattr(statevar._variable, "held_signals", counting)
+    monkeypatch.setattr(statevar._compile.step, "held_signals", counting)
+    monkeypatch.setattr(statevar._cell.variable, "held_signals", counting)
     return counted
 
 

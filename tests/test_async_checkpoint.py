@@ -32,8 +32,10 @@ import pytest
 from orbax.checkpoint._src.checkpointers import async_checkpointer
 
 import statevar
-from statevar import _checkpoint, _manager, _pending
-from statevar._checkpoint_targets import named_variables
+from statevar._checkpoint import async_saves as _async_saves
+from statevar._checkpoint import manager as _manager
+from statevar._checkpoint import save_restore as _save_restore
+from statevar._checkpoint.targets import named_variables
 
 APIS = ["save", "CheckpointManager"]
 
@@ -218,14 +220,14 @@ def test_a_restore_waits_for_the_save_in_flight(tmp_path, monkeypatch, held_orba
     w.assign([2.0, 2.0])
     pending = saver.save(2, w)
     w.assign([3.0, 3.0])
-    check_untraced = _checkpoint.check_untraced
+    check_untraced = _save_restore.check_untraced
 
     def release_when_restoring(action):
         if action == "restore":
             held_orbax_writes.set()  # only once the restore has started
         check_untraced(action)
 
-    monkeypatch.setattr(_checkpoint, "check_untraced", release_when_restoring)
+    monkeypatch.setattr(_save_restore, "check_untraced", release_when_restoring)
     monkeypatch.setattr(_manager, "check_untraced", release_when_restoring)
     if api == "step directory":
         statevar.restore(tmp_path / "ckpt" / "2", w)
@@ -365,7 +367,7 @@ def test_an_interruption_that_orbax_wraps_is_raised_as_the_interruption(tmp_path
         except KeyboardInterrupt as interrupt:
             raise ValueError("a failed write, wrapping it") from interrupt
 
-    monkeypatch.setattr(_checkpoint, "_write_data", interrupted)
+    monkeypatch.setattr(_save_restore, "_write_data", interrupted)
     with pytest.raises(KeyboardInterrupt):
         statevar.save(tmp_path, statevar.Variable([1.0], name="w"))
 
@@ -393,7 +395,7 @@ def test_an_interruption_starting_a_background_save_is_raised_at_once(
         monkeypatch.setattr(manager, "close", lambda: (closed.append(step), close()))
         interrupted()
 
-    monkeypatch.setattr(_checkpoint, "_start_data", start_data)
+    monkeypatch.setattr(_save_restore, "_start_data", start_data)
     monkeypatch.setattr(_manager.CheckpointManager, "_save_data", save_data)
     w = statevar.Variable([1.0], name="w")
     saver = Saver(api, tmp_path / "ckpt")
@@ -430,14 +432,14 @@ def test_a_save_in_another_thread_holds_its_arrays_as_a_save_from_its_read_on(
     # takes them: the policy "warn" lets it pass, "raise" names the save.
     w = statevar.Variable(jnp.zeros(256), name="w")
     read, release = threading.Event(), threading.Event()
-    real_settle = _checkpoint.settle
+    real_settle = _save_restore.settle
 
     def settle(directory):  # the save has read the values and holds the directory's lock
         read.set()
         release.wait()
         real_settle(directory)
 
-    monkeypatch.setattr(_checkpoint, "settle", settle)
+    monkeypatch.setattr(_save_restore, "settle", settle)
     monkeypatch.setattr(_manager, "settle", settle)
     saved = []
     saver = Saver(api, tmp_path / "ckpt")
@@ -481,7 +483,7 @@ def test_an_interruption_as_a_background_save_starts_waits_until_it_is_registere
         saver.save(1, w)
     monkeypatch.setattr(threading, "Thread", real_thread)
     # Raised once the save was registered: a restore waits for it.
-    assert str((tmp_path / "ckpt").resolve()) in _pending._in_flight
+    assert str((tmp_path / "ckpt").resolve()) in _async_saves._in_flight
     held_orbax_writes.set()
     w.assign([0.0])
     saver.restore(w)

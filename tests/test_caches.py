@@ -7,7 +7,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 import statevar
-from statevar import _on_read, _update
+from statevar._cell import kernels as _kernels
+from statevar._distribute import on_read as _on_read
 
 
 def test_a_compiled_step_traces_again_after_clear_caches():
@@ -53,9 +54,9 @@ def test_clear_caches_empties_the_compiled_updates_of_sharded_and_on_read_variab
         on_read = statevar.Variable(jnp.zeros(2), synchronization="on_read", aggregation="sum")
     on_read.assign(jnp.ones(2))
     float(on_read[0])
-    assert _update.pinned_updates.cache_info().currsize > 0
+    assert _kernels.pinned_updates.cache_info().currsize > 0
     statevar.clear_caches()
-    assert _update.pinned_updates.cache_info().currsize == 0
+    assert _kernels.pinned_updates.cache_info().currsize == 0
     assert _on_read.reader.cache_info().currsize == 0
     sharded.assign_add(1.0)
     on_read.assign_add(jnp.ones(2))

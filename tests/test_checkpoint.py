@@ -28,7 +28,9 @@ import optax
 import pytest
 
 import statevar
-from statevar import _checkpoint, _manager, _manifest
+from statevar._checkpoint import manager as _manager
+from statevar._checkpoint import manifest as _manifest
+from statevar._checkpoint import save_restore as _save_restore
 
 MANIFEST = "statevar_checkpoint.json"
 
@@ -666,7 +668,7 @@ def test_manager_restore_chooses_its_step_holding_the_directory_lock(tmp_path, m
     locked = []
 
     def all_steps():
-        locked.append(_checkpoint.DIRECTORY_LOCKS.locks[str(tmp_path.resolve())]._is_owned())
+        locked.append(_save_restore.DIRECTORY_LOCKS.locks[str(tmp_path.resolve())]._is_owned())
         return real_all_steps()
 
     monkeypatch.setattr(manager, "all_steps", all_steps)
@@ -681,18 +683,18 @@ def test_restoring_a_managers_step_directory_reads_holding_the_managers_lock(tmp
     # step while it is read.
     w = statevar.Variable([1.0], name="w")
     statevar.CheckpointManager(tmp_path / "run").save(3, w)
-    real_read = _checkpoint._read_restored
+    real_read = _save_restore._read_restored
     locked = []
 
     def read_restored(*args):
         locks = [
-            _checkpoint.DIRECTORY_LOCKS.locks[str(p.resolve())]
+            _save_restore.DIRECTORY_LOCKS.locks[str(p.resolve())]
             for p in (tmp_path / "run", tmp_path)
         ]
         locked.append([lock._is_owned() for lock in locks])
         return real_read(*args)
 
-    monkeypatch.setattr(_checkpoint, "_read_restored", read_restored)
+    monkeypatch.setattr(_save_restore, "_read_restored", read_restored)
     statevar.save(tmp_path, w)  # a directory whose name is no step: its own lock alone
     w.assign([0.0])
     statevar.restore(tmp_path / "run" / "3", w)
@@ -903,7 +905,7 @@ def test_a_save_that_dies_before_its_manifest_leaves_the_previous_checkpoint(
         raise KeyboardInterrupt("killed")
 
     if where == "manifest":
-        monkeypatch.setattr(_checkpoint, "write_manifest", die)
+        monkeypatch.setattr(_save_restore, "write_manifest", die)
         monkeypatch.setattr(_manager, "write_manifest", die)
     else:
         monkeypatch.setattr(os, "replace", die)
@@ -1269,7 +1271,7 @@ def test_ctrl_c_during_a_restore_is_raised_once_every_variable_is_restored(tmp_p
 
 @pytest.mark.parametrize(
     ("api", "module", "hook"),
-    [("save", _checkpoint, "_write_data"), ("CheckpointManager", _manager, "write_manifest")],
+    [("save", _save_restore, "_write_data"), ("CheckpointManager", _manager, "write_manifest")],
     ids=["save", "CheckpointManager"],
 )
 def test_two_threads_saving_into_one_directory_keep_each_others_data(

@@ -12,7 +12,7 @@ import pytest
 from jax._src.interpreters import mlir
 
 import statevar
-from statevar import _copies
+from statevar._cell import copies as _copies
 from statevar._state import STATE
 
 HELD = "still held elsewhere"

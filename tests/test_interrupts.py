@@ -351,12 +351,12 @@ def test_a_ctrl_c_ending_an_update_that_commits_the_variable_closes_the_hot_path
     monkeypatch, general_path
 ):
     v, one = _on_the_hot_path("assign")
-    real = statevar._variable.held_signals
-    monkeypatch.setattr(statevar._variable, "held_signals", _ctrl_c_on_leaving(real))
+    real = statevar._cell.variable.held_signals
+    monkeypatch.setattr(statevar._cell.variable, "held_signals", _ctrl_c_on_leaving(real))
 
     with pytest.raises(KeyboardInterrupt):
         v.assign(jax.device_put(one, v.device))  # commits the variable
-    monkeypatch.setattr(statevar._variable, "held_signals", real)
+    monkeypatch.setattr(statevar._cell.variable, "held_signals", real)
 
     assert v.value.committed is True
     general = len(general_path)
@@ -375,11 +375,11 @@ def test_a_ctrl_c_ending_a_first_call_that_commits_a_variable_closes_its_hot_pat
     def step():
         v.assign(jax.lax.with_sharding_constraint(v.value + 1.0, pinned))
 
-    real = statevar._jit.held_signals
-    monkeypatch.setattr(statevar._jit, "held_signals", _ctrl_c_on_leaving(real))
+    real = statevar._compile.step.held_signals
+    monkeypatch.setattr(statevar._compile.step, "held_signals", _ctrl_c_on_leaving(real))
     with pytest.raises(KeyboardInterrupt):
         step()  # commits the variable
-    monkeypatch.setattr(statevar._jit, "held_signals", real)
+    monkeypatch.setattr(statevar._compile.step, "held_signals", real)
 
     assert v.value.committed is True
     general = len(general_path)
@@ -446,11 +446,11 @@ def _paths(v):
     for update in (lambda: v.assign_add(one), lambda: v.assign_add(1.0), step):
         update()
         update()  # warm: the hot path is open, the step compiled
-    variable_globals = vars(statevar._variable)
+    variable_globals = vars(statevar._cell.variable)
     return [
         ("eager hot path", lambda: v.assign_add(one), variable_globals, "map"),
         ("eager general path", lambda: v.assign_add(1.0), variable_globals, "_starmap"),
-        ("compiled step", step, vars(statevar._jit), "sum"),
+        ("compiled step", step, vars(statevar._compile.step), "sum"),
     ]
 
 
@@ -509,7 +509,7 @@ def test_a_signal_handler_updating_while_an_assign_restores_a_lost_array_is_refu
     window = _HandlerInTheWindow(
         monkeypatch, lambda kept: _record(kept, lambda: v.assign(jnp.zeros(4)))
     )
-    window.arm(vars(statevar._update), "fresh")  # the restore's copy of the new value
+    window.arm(vars(statevar._cell.kernels), "fresh")  # the restore's copy of the new value
     v.assign(one)
     (error,) = window.kept
     assert isinstance(error, statevar.StatevarError)
@@ -553,7 +553,8 @@ def test_a_signal_handler_calling_a_compiled_step_during_an_update_is_refused(mo
 def test_a_signal_handler_saving_while_a_save_to_the_same_place_runs_is_refused(
     tmp_path, monkeypatch, api
 ):
-    from statevar import _checkpoint, _manager
+    from statevar._checkpoint import manager as _manager
+    from statevar._checkpoint import save_restore as _save_restore
 
     x = statevar.Variable(jnp.arange(4.0), name="x")
     manager = statevar.CheckpointManager(tmp_path / "run")
@@ -569,7 +570,7 @@ def test_a_signal_handler_saving_while_a_save_to_the_same_place_runs_is_refused(
     signal.signal(signal.SIGUSR1, lambda *_: save(2))
     # The signal arrives once this save's data is written, before its manifest.
     module, name = (
-        (_checkpoint, "write_manifest") if api == "save" else (_manager, "write_manifest")
+        (_save_restore, "write_manifest") if api == "save" else (_manager, "write_manifest")
     )
     monkeypatch.setattr(module, name, _signalled(getattr(module, name)))
     with pytest.raises(

@@ -227,7 +227,7 @@ def test_a_compiled_plain_function_is_a_plain_function():
 
     assert isinstance(compiled, types.FunctionType) and compiled.__name__ == "step"
     assert copy.deepcopy(compiled) is compiled  # shared by copies, as any function is
-    assert isinstance(statevar.jit(_Counter()._step), statevar._jit.CompiledFunction)
+    assert isinstance(statevar.jit(_Counter()._step), statevar._compile.step.CompiledFunction)
 
 
 def test_a_deep_copy_of_a_module_holding_a_compiled_method_updates_the_copy():
@@ -751,9 +751,9 @@ def test_an_unchanged_module_argument_is_not_walked_again(monkeypatch):
 
     bump(net, 1.0)
     walks = []
-    real = statevar._tree.walk
+    real = statevar._cell.tree.walk
     monkeypatch.setattr(
-        statevar._tree, "walk", lambda root, *a, **k: walks.append(root) or real(root, *a, **k)
+        statevar._cell.tree, "walk", lambda root, *a, **k: walks.append(root) or real(root, *a, **k)
     )
     bump(net, 1.0)
     bump(net, 2.0)
@@ -1352,7 +1352,7 @@ def test_a_warm_step_is_not_run_again_when_another_thread_traces_it_meanwhile(mo
     step(jnp.ones(2))
     step(jnp.ones(2))
     reachable["hidden"] = hidden
-    release = statevar._jit._release
+    release = statevar._compile.step._release
     other = threading.Thread(target=lambda: step(jnp.ones(3)))
 
     def release_then_let_the_other_thread_run():
@@ -1362,7 +1362,7 @@ def test_a_warm_step_is_not_run_again_when_another_thread_traces_it_meanwhile(mo
                 other.start()
                 other.join()
 
-    monkeypatch.setattr(statevar._jit, "_release", release_then_let_the_other_thread_run)
+    monkeypatch.setattr(statevar._compile.step, "_release", release_then_let_the_other_thread_run)
     step(jnp.ones(2))
     monkeypatch.undo()
     assert float(count) == 4.0 and float(hidden) == 1.0

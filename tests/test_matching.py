@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from statevar._matching import match_checkpoint
+from statevar._checkpoint.names import match_checkpoint
 
 F2 = ((2,), "float32")
 

@@ -20,7 +20,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import statevar
-from statevar import _on_read, _update
+from statevar._cell import kernels as _kernels
+from statevar._distribute import on_read as _on_read
 
 COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all", "reduce-scatter")
 
@@ -121,7 +122,7 @@ def test_a_per_replica_update_has_no_collective_and_runs_in_place(mesh):
     assert [s.data.unsafe_buffer_pointer() for s in v.replica_values.addressable_shards] == (
         buffers
     )
-    donating, _ = _on_read.local_updates(_update.ASSIGN_ADD, v._layout)
+    donating, _ = _on_read.local_updates(_kernels.ASSIGN_ADD, v._layout)
     update = donating.lower(v.replica_values, deltas).compile().as_text()
     assert collectives(update) == []
     # The read is where the replicas communicate: the check above can fail.

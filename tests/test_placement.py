@@ -28,7 +28,7 @@ def _has_gpu():
 
 _HAS_GPU = _has_gpu()
 _DEFAULT = jax.devices()[0]
-_DEFAULT_SPEC = statevar._placement.describe(_DEFAULT)  # "cpu:0", or "gpu:0" on a GPU
+_DEFAULT_SPEC = statevar._cell.placement.describe(_DEFAULT)  # "cpu:0", or "gpu:0" on a GPU
 _AVAILABLE = "Available devices: " + ", ".join(f"{d.platform}:{d.id}" for d in jax.devices())
 # Device specs this machine lacks; "gpu:0" only where there is no GPU.
 _MISSING = [
@@ -160,7 +160,7 @@ def test_assigning_a_committed_array_commits_the_variable_and_its_next_updates_r
     v = statevar.Variable([1.0, 2.0], name="v")
     one = jnp.ones(2)  # of the variable's abstract value: the hot path's bare key
     v.assign_add(one)
-    warm = statevar._variable.compiled_key("assign_add", committed=True)
+    warm = statevar._cell.variable.compiled_key("assign_add", committed=True)
     assert "assign_add" in v._compiled and warm not in v._compiled
 
     v.assign(jax.device_put(jnp.array([3.0, 4.0]), _DEFAULT))
@@ -401,7 +401,7 @@ def acquire_hook(monkeypatch):
             hook()
         return lock.acquire(*args)
 
-    monkeypatch.setattr(statevar._variable, "_acquire", acquire)
+    monkeypatch.setattr(statevar._cell.variable, "_acquire", acquire)
     yield hooks.append
 
 

@@ -14,7 +14,7 @@ import pytest
 from jax._src.interpreters import partial_eval as pe
 
 import statevar
-from statevar import _jax
+from statevar._tracing import jax_internals as _jax_internals
 
 
 class _Compilations:
@@ -212,10 +212,11 @@ def test_an_eager_gradient_through_a_cached_function_reads_each_calls_values(
 ):
     if tracing_functions != "found":
         # statevar finds the functions JAX caches traces of by the names of JAX's tracing
-        # functions (statevar/_jax.py). Should a JAX release rename them, every closure
-        # counts as unknown and alive: each call traces again, and still reads each call's
-        # values (speed lost, not correctness).
-        monkeypatch.setattr(_jax, "TRACING_FUNCTION_NAMES", frozenset({"renamed_in_a_new_jax"}))
+        # functions (statevar/_tracing/jax_internals.py). Should a JAX release rename them,
+        # every closure counts as unknown and alive: each call traces again, and still reads
+        # each call's values (speed lost, not correctness).
+        renamed = frozenset({"renamed_in_a_new_jax"})
+        monkeypatch.setattr(_jax_internals, "TRACING_FUNCTION_NAMES", renamed)
     _w.assign(2.0)
     _h.assign(1.0)
     value_and_grad = statevar.value_and_grad(_cond_tenfold, _w)

@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import statevar
-from statevar import _creation
+from statevar._cell import creation as _creation
 
 # ----------------------------------------------------------------------- creation and dtype
 

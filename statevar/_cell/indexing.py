@@ -1,0 +1,193 @@
+"""Indexed updates of a variable (``v[index] = value``): the index read as NumPy reads it,
+masks, and the indexed part's shape; `Variable.__setitem__` calls `set_item`, which checks
+everything before the variable's update runs."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import kernels as _kernels
+from . import placement as _placement
+from .convert import (
+    Tracer,
+    check_not_deleted,
+    convert,
+    convert_for_update,
+    is_concrete_array,
+    native_byte_order,
+    short_repr,
+    value_shape,
+)
+from .kernels import SETITEM, SETMASK
+from .view import index_shape, read_operand, unwrap_index
+
+
+def set_item(variable: Any, index: Any, value: Any) -> None:
+    """`Variable.__setitem__` (which documents what it raises): reads the index, checks
+    the value against the indexed part (a mask of the variable's shape with a scalar value
+    is one compiled update for every mask), then runs the variable's update."""
+    index = placed_index(variable, concrete_index(variable, unwrap_index(index)))
+    if (
+        isinstance(index, (jax.Array, np.ndarray))
+        and index.dtype == np.bool_
+        and index.shape == variable.shape
+        and value_shape(
+            read_operand(value),
+            f"Cannot {SETITEM.phrase} Variable '{variable.name}'",
+            variable.dtype,
+        )
+        == ()
+    ):
+        # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
+        value = convert_for_update(
+            read_operand(value), variable._value, variable.name, SETITEM, target_shape=()
+        )
+        variable._update(SETMASK, value, (index,))
+        return
+    parts = index if isinstance(index, tuple) else (index,)
+    if any(map(_is_scalar_mask, parts)):
+        # NumPy reads a 0-d boolean as a new axis that selects everything (True) or
+        # nothing (False).
+        if not all(bool(part) for part in parts if _is_scalar_mask(part)):
+            action = f"Cannot {SETITEM.phrase} Variable '{variable.name}'"
+            target = indexed_shape(variable, index)
+            convert(read_operand(value), variable.dtype, action, target, "indexed part")
+            return  # nothing selected: the value checked, nothing to change
+        index = tuple(None if _is_scalar_mask(part) else part for part in parts)
+    static, dynamic = _kernels.split_index(index)
+    if not any(isinstance(part, Tracer) for part in dynamic):
+        target = indexed_shape(variable, index)
+        # A jitted update cannot take a boolean mask (the selection's shape would depend
+        # on its values), so a concrete mask becomes the integer indices it selects.
+        static, dynamic = _kernels.split_index(masks_to_indices(index))
+    else:
+        target = indexed_shape(variable, index, traced=True)
+    value = convert_for_update(
+        read_operand(value), variable._value, variable.name, SETITEM, target_shape=target
+    )
+    variable._update(SETITEM, value, (dynamic, static))
+
+
+def indexed_shape(variable: Any, index: Any, traced: bool = False) -> tuple[int, ...]:
+    """The shape of ``self[index]``, by NumPy's rules (JAX's for a ``traced`` index).
+
+    Raises:
+      IndexError: if the index is out of range, or selects by a traced boolean.
+      ValueError: for a slice step of 0.
+    """
+    action = f"Cannot set Variable '{variable.name}'"
+    if not traced:
+        return index_shape(variable.shape, index, action)
+    try:
+        abstract = jax.ShapeDtypeStruct(variable.shape, variable.dtype)
+        return jax.eval_shape(lambda x: x[index], abstract).shape
+    except jax.errors.NonConcreteBooleanIndexError:
+        raise IndexError(
+            f"{action}[{short_repr(index)}]: a traced boolean "
+            "index selects a number of elements known only when the step runs. Use "
+            "v[mask] = scalar with a mask of the variable's shape, or "
+            "v.assign(jnp.where(mask, new, v))"
+        ) from None
+    except (IndexError, ValueError) as error:  # out of range; a slice step of 0
+        raise type(error)(
+            f"{action}[{short_repr(index)}]: {error} (the variable's shape is {variable.shape})"
+        ) from None
+
+
+def concrete_index(variable: Any, index: Any) -> Any:
+    """Returns ``index`` with each slice bound that is a Variable or an array read to a
+    Python int, as NumPy reads it (``__index__``), each list made a NumPy array, as
+    NumPy takes it (a list of bools is a mask), and each big-endian NumPy array made
+    native.
+
+    A slice is part of the compiled update's static key: a Variable there would key it
+    by identity, so a later update would reuse the bounds it had first.
+
+    Raises:
+      TypeError: for a bound that is not an integer, or that is traced (a slice's size
+        must be known when the step is compiled).
+    """
+
+    def bound(part: Any) -> Any:
+        if part is None or type(part) is int:
+            return part
+        part = read_operand(part)
+        if isinstance(part, Tracer):
+            raise TypeError(
+                f"Cannot set Variable '{variable.name}'[{short_repr(index)}]: a slice bound "
+                "is traced, so the slice's size is unknown when the step compiles. Use "
+                "jax.lax.dynamic_update_slice for a slice of fixed size at a traced start"
+            )
+        try:
+            return operator.index(part)
+        except TypeError:
+            raise TypeError(
+                f"Cannot set Variable '{variable.name}'[{short_repr(index)}]: slice bounds "
+                f"must be integers or None, got {short_repr(part)}"
+            ) from None
+
+    def read(part: Any) -> Any:
+        if isinstance(part, slice):
+            return slice(bound(part.start), bound(part.stop), bound(part.step))
+        if isinstance(part, list):
+            array = np.asarray(part)
+            # NumPy's float64 for an empty list says nothing: an empty integer index.
+            return array.astype(np.intp) if array.size == 0 else array
+        return native_byte_order(part)
+
+    return tuple(map(read, index)) if isinstance(index, tuple) else read(index)
+
+
+def placed_index(variable: Any, index: Any) -> Any:
+    """Refuses deleted index arrays, and copies index arrays on another device to the
+    variable's, as `convert_for_update` does for values."""
+    action = f"Cannot set an item of Variable '{variable.name}'"
+
+    # Over several devices: a mask takes the variable's sharding, other indices are
+    # replicated.
+    own = variable.sharding
+    other = _placement.replicated(own)
+
+    def place(part: Any) -> Any:
+        if is_concrete_array(part):
+            check_not_deleted(part, action, what="index")
+            sharding = own if part.shape == variable.shape else other
+            if part.sharding != sharding:
+                return jax.device_put(part, sharding)
+        return part
+
+    return tuple(map(place, index)) if isinstance(index, tuple) else place(index)
+
+
+def _boolean_rank(part: Any) -> int | None:
+    """The rank of a concrete boolean index part (0 for ``True`` or ``np.True_``); None for
+    anything else."""
+    if isinstance(part, (bool, np.bool_)):
+        return 0
+    is_array = is_concrete_array(part) or isinstance(part, np.ndarray)
+    return part.ndim if is_array and part.dtype == np.bool_ else None
+
+
+def _is_mask(part: Any) -> bool:
+    rank = _boolean_rank(part)
+    return rank is not None and rank > 0
+
+
+def _is_scalar_mask(part: Any) -> bool:
+    return _boolean_rank(part) == 0
+
+
+def masks_to_indices(index: Any) -> Any:
+    """Replaces each concrete boolean mask in ``index`` by the integer arrays it selects."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if not any(_is_mask(part) for part in parts):
+        return index
+    return tuple(
+        selected
+        for part in parts
+        for selected in (np.nonzero(np.asarray(part)) if _is_mask(part) else (part,))
+    )

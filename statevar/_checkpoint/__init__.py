@@ -1,0 +1,2 @@
+"""Checkpoints: save and restore, the manager of numbered checkpoints, the manifest, name
+matching and background saves."""

@@ -1,0 +1,2 @@
+"""Training: Modules that collect variables (as pytrees, with summaries) and the optax-backed
+Optimizer with its state."""
