@@ -541,7 +541,7 @@ import pathlib, sys, threading
 import numpy as np
 from orbax.checkpoint._src.checkpointers import async_checkpointer
 import statevar
-from statevar import _manager
+from statevar._checkpoint import manager as _manager
 
 directory = pathlib.Path(sys.argv[1])
 w = statevar.Variable(np.arange(4096, dtype=np.float32), name="w")
