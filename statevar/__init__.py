@@ -18,10 +18,10 @@ from ._checkpoint.save_restore import restore as restore
 from ._checkpoint.save_restore import save as save
 from ._compile.grad import grad as grad
 from ._compile.grad import value_and_grad as value_and_grad
+from ._compile.jit import jit as jit
 from ._compile.memory_report import MemoryReport as MemoryReport
 from ._compile.stateless import read_values as read_values
 from ._compile.stateless import stateless_call as stateless_call
-from ._compile.step import jit as jit
 from ._distribute.per_replica import PerReplica as PerReplica
 from ._distribute.reshard import reshard as reshard
 from ._errors import CheckpointCorruptedError as CheckpointCorruptedError

@@ -4,11 +4,13 @@
 structure epochs that invalidate compiled steps (in one place,
 `ProcessState.bump_compile_epoch`), the open trace frames and the eager hot path's epoch
 computed from them, the compiled functions closure discovery follows, and the arrays
-background saves hold. State of one concern stays with it: the copy policy in `_copies`
-(`POLICY`), soft placement in `_placement` (`SETTINGS`), the checkpoint directory locks in
-`_checkpoint` (`DIRECTORY_LOCKS`), the concrete argument types of `statevar.jit`'s fast path
-in `_jit_cache`; per-thread state (the stack of trace frames in `_trace`, the device and
-mesh scopes in `_placement`) stays private to its module. Caches register with `_caches`.
+background saves hold. State of one concern stays with it: the copy policy in
+`statevar._cell.copies` (`POLICY`), soft placement in `statevar._cell.placement`
+(`SETTINGS`), the checkpoint directory locks in `statevar._checkpoint.save_restore`
+(`DIRECTORY_LOCKS`), the concrete argument types of `statevar.jit`'s fast path in
+`statevar._compile.cache`; per-thread state (the stack of trace frames in
+`statevar._tracing.frames`, the device and mesh scopes in `statevar._cell.placement`) stays
+private to its module. Caches register with `_caches`.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ class ProcessState:
       state_added: the structure epoch of the latest attribute that came to hold variables
         where it held none.
       open_trace_frames: the trace frames open in any thread: while it is 0 (almost always,
-        outside a first call), nothing is traced and reads and updates skip `_trace`'s
-        per-thread lookup.
+        outside a first call), nothing is traced and reads and updates skip
+        `statevar._tracing.frames`'s per-thread lookup.
       hot_epoch: the compile epoch in which the eager updates' hot path may run (see
         `Variable._open_hot_path`); `HOT_PATH_OFF` while a trace frame is open in any
         thread or placements are logged, so that the hot path compares one field.
@@ -62,9 +64,9 @@ class ProcessState:
         `CompiledFunction` partials), so that closure discovery can follow them into the
         function each compiles, and `statevar.clear_caches` can empty them.
       saved_arrays: how many background checkpoint saves in flight hold each array, by id
-        (see `_pending.PendingSave`): an update copying such an array copies for the save,
-        which the copy policy tells apart. A save holds its arrays while registered, so
-        their ids stay theirs.
+        (see `statevar._checkpoint.async_saves.PendingSave`): an update copying such an array copies
+        for the save, which the copy policy tells apart. A save holds its arrays while registered,
+        so their ids stay theirs.
     """
 
     update_lock: Any = dataclasses.field(default_factory=threading.RLock)
@@ -96,7 +98,8 @@ class ProcessState:
         """Records that a Module's attribute let go of the variables ``let_go`` (replaced or
         deleted), or (``added``) came to hold variables where it held none. The compiled
         steps that lifted one of ``let_go``, or every step after ``added``, trace again on
-        their next call (which a new compile epoch sends them through, see `stale`)."""
+        their next call (which a new compile epoch sends them through, see
+        `statevar._compile.cache.stale`)."""
         with self._counters_lock:
             self.structure_epoch += 1
             for variable in let_go:
@@ -106,19 +109,6 @@ class ProcessState:
             if added:
                 self.state_added = self.structure_epoch
         self.bump_compile_epoch()
-
-    def stale(self, lifted: tuple[Any, ...], traced_in: int) -> bool:
-        """Whether a compiled step traced in structure epoch ``traced_in``, lifting
-        ``lifted``, may read what a Module no longer holds (see `record_structure_change`)."""
-        if traced_in == self.structure_epoch:
-            return False
-        if self.state_added > traced_in:
-            return True
-        for variable in lifted:
-            record = self.replaced.get(id(variable))
-            if record is not None and record[0]() is variable and record[1] > traced_in:
-                return True
-        return False
 
     def forget_compiled_updates(self) -> None:
         """Records that JAX's compiled updates were dropped: every variable's next update

@@ -227,7 +227,7 @@ def test_a_compiled_plain_function_is_a_plain_function():
 
     assert isinstance(compiled, types.FunctionType) and compiled.__name__ == "step"
     assert copy.deepcopy(compiled) is compiled  # shared by copies, as any function is
-    assert isinstance(statevar.jit(_Counter()._step), statevar._compile.step.CompiledFunction)
+    assert isinstance(statevar.jit(_Counter()._step), statevar._compile.jit.CompiledFunction)
 
 
 def test_a_deep_copy_of_a_module_holding_a_compiled_method_updates_the_copy():

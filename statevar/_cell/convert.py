@@ -185,7 +185,8 @@ class _Source(NamedTuple):
 
 
 class Phrased(Protocol):
-    """An update as messages name it (`_update.Operation`): ``"assign to"``, ``"add to"``."""
+    """An update as messages name it (`statevar._cell.kernels.Operation`): ``"assign to"``, ``"add
+    to"``."""
 
     @property
     def phrase(self) -> str: ...

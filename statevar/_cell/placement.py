@@ -467,6 +467,25 @@ def is_committed(value: Any) -> bool:
     return isinstance(value, jax.Array) and not isinstance(value, Tracer) and value.committed
 
 
+def check_step_devices(
+    subject: str, variables: Sequence[Any], arrays: Sequence[Any], arguments: Sequence[Any]
+) -> None:
+    """`check_same_devices` for a compiled step given the arrays of ``variables`` and its
+    array ``arguments``. A variable counts as placed on its device even while uncommitted:
+    a compiled step does not move it to its arguments' devices.
+
+    Raises:
+      PlacementError: if they are on different sets of devices, naming them.
+    """
+
+    def name_of(index: int) -> str:
+        if index < len(variables):
+            return f"Variable {variables[index].name!r}"
+        return f"argument {index - len(variables)}"
+
+    check_same_devices(subject, [*arrays, *arguments], name_of, placed=len(variables))
+
+
 def check_same_devices(
     subject: str, arrays: Sequence[Any], name_of: Callable[[int], str], placed: int = 0
 ) -> None:

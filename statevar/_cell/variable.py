@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Literal, Protocol, TypeAlias, overload
 
 import jax
@@ -62,12 +62,6 @@ ReshardTarget: TypeAlias = (
 # step's outputs (`stores`, on its first call and on every warm call), with no bytecode
 # where an exception can land between the donating call and the stores.
 ARRAY_ATTRIBUTE = "_value"
-
-
-def compile_flags(variables: tuple[Variable, ...]) -> tuple:
-    """What a compiled step's trace depends on beyond shapes and dtypes: each variable's
-    trainable flag (gradients) and sharding (the trace pins each output to it)."""
-    return tuple((v._trainable, _placement.sharding_key(v._value.sharding)) for v in variables)
 
 
 def keep_sharding(variable: Variable, value: Any) -> Any:
@@ -300,7 +294,7 @@ class Variable(RefusedInPlace, Readable):
     def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
         if cls is Variable and _creation.is_on_read(kwargs.get("synchronization")):
             # One value per replica: its own class, so that no update of it ever takes the
-            # eager hot path of `_update` (see `_on_read`).
+            # eager hot path of `statevar._cell.kernels` (see `_on_read`).
             cls = Variable._synchronized_classes["on_read"]
         return object.__new__(cls)
 
@@ -752,7 +746,7 @@ def run_kernel(
     calls store the result with no check for signals in between (see `_eager_update`).
     A copying call needs neither: it donates nothing. Opens the eager hot path for the
     update once its donating call is compiled for a bare ``signature`` (an uncommitted
-    array of the variable's abstract value, see `_update`).
+    array of the variable's abstract value, see `statevar._cell.kernels`).
 
     Raises:
       StatevarError: in a signal handler that interrupted a donating update (see
@@ -951,29 +945,3 @@ def check_operation(variable: Variable, operation: Operation) -> None:
 
 
 register_readable(Variable)
-
-
-def put_back(variables: tuple[Variable, ...], arrays: list[jax.Array]) -> None:
-    """Stores each variable's own array again, in one C call chain: a step called inside
-    ``jax.jit`` was traced rather than run, and left tracers in the variables (copies
-    made of shared arrays are tracers too). Nothing was donated."""
-    consume(map(setattr, variables, _ARRAY_ATTRIBUTES, arrays))
-
-
-def stores(variables: tuple[Variable, ...], outputs: Iterator[Any]) -> Iterator[None]:
-    """The store of a compiled step's outputs, as a lazy chain of C calls: consumed (by
-    `consume`), it takes each variable's new array from ``outputs`` and stores it. Given
-    ``outputs`` that make the compiled call when first advanced (it donates the variables'
-    arrays), the call and every store run in that one chain; the result, after the
-    variables' arrays, stays in ``outputs`` (`map` stops at the last variable).
-
-    Build it before donating, and consume it with nothing in between: Python runs signal
-    handlers only when a Python function is entered, after a call returns and at a backward
-    jump, and none of these happens inside the chain, so every variable holds its old
-    array or its new one.
-    """
-    return map(setattr, variables, _ARRAY_ATTRIBUTES, outputs)
-
-
-# The attribute name for each store of `stores` and `put_back` (stateless: shared).
-_ARRAY_ATTRIBUTES = itertools.repeat(ARRAY_ATTRIBUTE)

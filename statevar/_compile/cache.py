@@ -1,12 +1,14 @@
 """The compiled forms of one `statevar.jit` function, and how a call finds its own.
 
-An `Entry` is one compiled form: the variables it lifts into the trace (in order), its
-`jax.jit` of the pure function, and, once it has run, its lean warm call. Tracing an entry
-returns what the trace `Found`; the compiled step takes the variables' arrays and the call's
-array arguments and returns every lifted variable's new array, then the result.
+An `Entry` is one compiled form: the variables it lifts into the trace (in order) and its
+`jax.jit` of the pure function (`_pure_step`). Tracing an entry returns what the trace
+`Found`; the compiled step takes the variables' arrays and the call's array arguments and
+returns every lifted variable's new array, then the result.
 
-A `Cache` owns every entry of one function and the indexes that let a call find its entry
-without flattening its arguments. Its invariants:
+A `Cache` owns every entry of one function: it makes them (`Cache.prepare`), replaces them
+when a trace finds more to lift (`Cache.retrace`) and brings them up to date
+(`Cache.current`), and keeps the indexes that let a call find its entry without flattening
+its arguments (`split_call` splits any other). Its invariants:
 
 - ``entries[key]`` is the entry for calls split to ``key`` (see `split_call`).
 - A Module in a key is held weakly (see `reference`); when it is freed, `Cache.forget`
@@ -16,8 +18,8 @@ without flattening its arguments. Its invariants:
 - For calls with Modules, ``latest[identity]`` is the key of the one entry kept for the
   same arguments whatever variables their Modules hold (`track`): replacing a Module's
   variable drops the entry that lifted the old one.
-- Nothing here refers back to the `JitFunction` but weakly, and no entry refers to itself:
-  an entry and what it lifts are freed as soon as the cache lets go of them.
+- Nothing here refers back to the `Step` but weakly, and no entry refers to itself: an
+  entry and what it lifts are freed as soon as the cache lets go of them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from jax import lax
 
 from .._cell import copies as _copies
 from .._cell import kernels as _kernels
+from .._cell import lifted as _lifted
 from .._cell import placement as _placement
 from .._cell import variable as _variable
 from .._cell.convert import Tracer
@@ -49,6 +52,7 @@ from .._cell.variable import Variable
 from .._errors import TraceContextError
 from .._state import STATE
 from .._tracing import frames as _frames
+from .closure import closure_variables
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 # The exact types of the concrete (non-tracer) array arguments `statevar.jit` has seen: its
@@ -112,12 +116,12 @@ class Entry:
       split: how the call's arguments were split: ``(treedef, held, arg_variables)``.
       extra: variables lifted because an earlier trace found them (see `Found`).
       jitted: the `jax.jit` of the pure function.
-      flags: `_variable.compile_flags` of ``lifted`` when traced; checked again whenever
+      flags: `_lifted.compile_flags` of ``lifted`` when traced; checked again whenever
         a trainable flag or a sharding changed anywhere (a new ``epoch``).
       structure: `ProcessState.structure_epoch` when made: a Module that let go of a variable
         the entry lifts since makes a new entry, traced again (see `ProcessState.stale`).
       warm: whether the entry has run, its step compiled by JAX for its arguments: a call
-        takes the warm call (see `JitFunction`). Cleared by a call given a committed
+        takes the warm call (see `statevar._compile.step.Step`). Cleared by a call given a committed
         argument while ``uncommitted``.
       uncommitted: whether a lifted variable held an uncommitted array when the entry
         became warm (such a call runs as a first call, which commits it).
@@ -157,7 +161,7 @@ class Entry:
         self.traced = Traced()
         pure = _pure_step(fn, split, lifted, refs, self.traced, creation)
         self.jitted = jax.jit(pure, donate_argnums=0, **jit_kwargs)
-        self.flags = _variable.compile_flags(lifted)
+        self.flags = _lifted.compile_flags(lifted)
         self.epoch = STATE.compile_epoch
         self.structure = STATE.structure_epoch
         self.warm = False
@@ -191,7 +195,7 @@ class Entry:
         for variable in uncommitted:
             replaced.append((variable, variable._value))
             variable._replace_array(_placement.put(variable._value, variable._value.sharding))
-        if uncommitted and _variable.compile_flags(lifted) == self.flags:
+        if uncommitted and _lifted.compile_flags(lifted) == self.flags:
             self.epoch = STATE.compile_epoch
 
     def trace(self, arrays: list[jax.Array], dynamic: tuple[Any, ...]) -> Found:
@@ -356,6 +360,20 @@ def _merge(count: int, held: list[tuple[int, Callable[[], Any]]], dynamic: tuple
     return leaves
 
 
+def stale(lifted: tuple[Variable, ...], traced_in: int) -> bool:
+    """Whether an entry traced in structure epoch ``traced_in``, lifting ``lifted``, may
+    read what a Module no longer holds (see `ProcessState.record_structure_change`)."""
+    if traced_in == STATE.structure_epoch:
+        return False
+    if STATE.state_added > traced_in:
+        return True
+    for variable in lifted:
+        record = STATE.replaced.get(id(variable))
+        if record is not None and record[0]() is variable and record[1] > traced_in:
+            return True
+    return False
+
+
 def reference(argument: Any) -> Callable[[], Any]:
     """Returns a function giving back a non-array argument when the entry is traced.
 
@@ -375,6 +393,9 @@ class Cache:
     the module's docstring for the invariants)."""
 
     __slots__ = (
+        "fn",
+        "jit_kwargs",
+        "creation",
         "entries",
         "plans",
         "by_state",
@@ -385,7 +406,10 @@ class Cache:
         "__weakref__",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, fn: Callable, jit_kwargs: dict[str, Any], creation: _frames.Creation):
+        # What every entry compiles: the function, `jax.jit`'s options, and whether its
+        # traces may still create variables.
+        self.fn, self.jit_kwargs, self.creation = fn, jit_kwargs, creation
         self.entries: dict[Any, Entry] = {}
         # For calls whose arguments are arrays, Variables and Modules only: by argument
         # types, the positions of the Variables and Modules and of the arrays; by argument
@@ -400,6 +424,65 @@ class Cache:
         self.identities: dict[Any, Any] = {}  # the reverse of ``latest``
         # The finalizers of the Modules in each key (see `add`), detached when it is dropped.
         self.finalizers: dict[Any, list[weakref.finalize]] = {}
+
+    def prepare(
+        self, args: tuple, kwargs: dict, is_static: Callable, name: str, may_index: bool
+    ) -> tuple[Any, Entry, tuple[Any, ...]]:
+        """Splits a call (see `split_call`); returns the key of its entry, the entry (made
+        on first use) and its array arguments. Indexes it for `find` if ``may_index``."""
+        split = split_call(args, kwargs, is_static, name)
+        entry = self.entries.get(split.key)
+        if entry is None:
+            held = [(position, reference(leaf)) for position, leaf in split.fixed]
+            entry = self.compile((split.treedef, held, split.variables), (), ())
+            modules = [leaf for _, leaf in split.fixed if isinstance(leaf, Node)]
+            self.add(split.key, entry, modules)
+        if split.identity is not None:
+            self.track(split.identity, split.key)
+        if split.indexable and may_index:
+            state = tuple(position for position, _ in split.fixed)
+            self.index(args, state, split.key, split.structures)
+        return split.key, entry, split.dynamic
+
+    def compile(self, split: tuple, extra: tuple, refs: tuple) -> Entry:
+        """Makes an entry (traced on its first call) for calls split into ``split``:
+        ``(treedef, held arguments, argument variables)``. It lifts the argument variables,
+        those the function reaches through its closure, ``extra`` and ``refs`` (held in
+        `jax.Ref`s while tracing)."""
+        _, _, arg_variables = split
+        refs = tuple(dict.fromkeys(refs))
+        closure = closure_variables(self.fn)
+        lifted = tuple(dict.fromkeys([*arg_variables, *closure, *extra, *refs]))
+        return Entry(self.fn, split, lifted, extra, refs, self.jit_kwargs, self.creation)
+
+    def retrace(self, key: Any, entry: Entry, found: Found) -> Entry:
+        """Replaces ``entry`` with one lifting what its trace found (see `Found`)."""
+        extra = (*entry.extra, *found.unlifted)
+        new = self.compile(entry.split, extra, (*entry.refs, *found.wanted_refs))
+        self.entries[key] = new
+        return new
+
+    def current(self, key: Any, entry: Entry) -> Entry:
+        """``entry`` as a call needs it now: made again if, since it was, a Module let go of
+        a variable it lifts or a trainable flag or sharding changed (a new compile epoch);
+        traced again lifting more if JAX's latest trace found more."""
+        if entry.epoch != STATE.compile_epoch:
+            if stale(entry.lifted, entry.structure):
+                # A Module let go of a variable this step lifted (or came to hold variables
+                # where it held none): traced again from scratch, so that the trace reaches
+                # what the Modules hold now (what earlier traces found, `extra`, may be
+                # what was replaced).
+                entry = self.compile(entry.split, (), ())
+                self.entries[key] = entry
+            elif _lifted.compile_flags(entry.lifted) != entry.flags:
+                entry = self.compile(entry.split, entry.extra, entry.refs)
+                self.entries[key] = entry
+            else:
+                entry.epoch, entry.warm = STATE.compile_epoch, False
+        found = entry.last_found
+        if found is not None and found.needs_retrace:
+            entry = self.retrace(key, entry, found)  # JAX traced it again for new shapes
+        return entry
 
     def add(self, key: Any, entry: Entry, modules: list[Node]) -> None:
         """Stores a new entry; ``modules`` are the Modules in its key, held weakly."""

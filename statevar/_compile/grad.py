@@ -61,8 +61,8 @@ def value_and_grad(fn: Callable, wrt: Any, has_aux: bool = False) -> Callable:
     """
     variable_tree(wrt, "statevar.grad's wrt")
     # Eager calls only: the variables the function assigned under nested JAX
-    # transformations, held in refs from then on (see `_trace`). Calls in several threads
-    # share it: each reads the tuple once and a call that learns more replaces it whole, so
+    # transformations, held in refs from then on (see `statevar._tracing.frames`). Calls in several
+    # threads share it: each reads the tuple once and a call that learns more replaces it whole, so
     # no call sees it change while iterating (an update lost to a race only costs another
     # call one more trace).
     learned_refs: list[tuple[Variable, ...]] = [()]

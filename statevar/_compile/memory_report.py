@@ -170,13 +170,13 @@ def _cells(row: VariableMemory) -> list[str]:
 def build(
     name: str, entry: Any, arrays: list[jax.Array], held: list[bool], dynamic: tuple
 ) -> MemoryReport:
-    """Compiles the step of ``entry`` (a `_jit_cache.Entry`) for the variables' own
+    """Compiles the step of ``entry`` (a `statevar._compile.entry.Entry`) for the variables' own
     ``arrays`` and the call's ``dynamic`` arguments, and reports its memory; runs nothing,
     donates nothing.
 
-    ``held`` says which arrays something else holds (`_update.held_elsewhere`): the step
-    would copy them. The variables whose donation JAX refuses are recorded in
-    ``entry.refused`` (see `Entry.lowered`). Call it under `ProcessState.update_lock`.
+    ``held`` says which arrays something else holds (`statevar._cell.kernels.held_elsewhere`): the
+    step would copy them. The variables whose donation JAX refuses are recorded in ``entry.refused``
+    (see `Entry.lowered`). Call it under `ProcessState.update_lock`.
     """
     traced = entry.jitted.trace(arrays, dynamic)
     jaxpr = traced.jaxpr  # its invars and outvars: the step's arguments and results

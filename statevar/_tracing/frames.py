@@ -146,7 +146,7 @@ class Frame:
         self.written: dict[Any, None] = {}
         # The variables whose given value (the one the frame started with) the trace read:
         # a `statevar.jit` step writes the others through their old buffer, which JAX would
-        # otherwise prune with its donation (see `_jit_cache._written_through`).
+        # otherwise prune with its donation (see `statevar._compile.entry._returned`).
         self.given_read: dict[Any, None] = {}
         self.unlifted: dict[Any, None] = {}
         self.wanted_refs: dict[Any, None] = {}
@@ -445,9 +445,9 @@ def retrace(
     returns its result and what the trace found missing (falsy when nothing), and again on
     ``grow(state, missing)`` until nothing is missing; returns the last result and state.
 
-    `statevar.jit` grows an entry lifting more variables (`_jit`); `statevar.grad` and
-    `stateless_call` grow the refs their frames hold (`trace_with_refs`). A result given up
-    is released before the next attempt: an array it held would look shared, and be
+    `statevar.jit` grows an entry lifting more variables (`statevar._compile.step`); `statevar.grad`
+    and `stateless_call` grow the refs their frames hold (`trace_with_refs`). A result given up is
+    released before the next attempt: an array it held would look shared, and be
     copied rather than donated.
     """
     while True:
@@ -467,7 +467,7 @@ def trace_with_refs(
     `retrace`) on one holding more while the trace writes a variable without a ref under a
     nested transformation (the frame's `Frame.wanted_refs`, or `NeedsRefs` stopping it): for
     `statevar.grad` and `statevar.stateless_call`, whose frames own their refs. (A
-    `statevar.jit` frame's trace goes on, and its step traces again, see `_jit`.)
+    `statevar.jit` frame's trace goes on, and its step traces again, see `statevar._compile.step`.)
 
     Returns:
       What the last run returned, its frame, and the refs it held.

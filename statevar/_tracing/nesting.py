@@ -1,6 +1,6 @@
 """What JAX's transformations nested inside a trace frame allow a variable: where a ref is
 read, and which assignments are refused (with the messages that say why). A frame here is
-any `_trace.Frame` (its trace and its while-loop reads); nothing here keeps state.
+any `statevar._tracing.frames.Frame` (its trace and its while-loop reads); nothing here keeps state.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from .._cell.tree import (
 )
 from .._cell.variable import Variable
 from .._cell.view import read_operand
-from .._compile.step import jit
+from .._compile.jit import jit
 from .._errors import caller_stacklevel
 from .._tracing import frames as _frames
 from .optimizer_state import (
