@@ -10,66 +10,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import kernels as _kernels
 from . import placement as _placement
 from .convert import (
     Tracer,
     check_not_deleted,
-    convert,
-    convert_for_update,
     is_concrete_array,
     native_byte_order,
     short_repr,
-    value_shape,
 )
-from .kernels import SETITEM, SETMASK
-from .view import index_shape, read_operand, unwrap_index
-
-
-def set_item(variable: Any, index: Any, value: Any) -> None:
-    """`Variable.__setitem__` (which documents what it raises): reads the index, checks
-    the value against the indexed part (a mask of the variable's shape with a scalar value
-    is one compiled update for every mask), then runs the variable's update."""
-    index = placed_index(variable, concrete_index(variable, unwrap_index(index)))
-    if (
-        isinstance(index, (jax.Array, np.ndarray))
-        and index.dtype == np.bool_
-        and index.shape == variable.shape
-        and value_shape(
-            read_operand(value),
-            f"Cannot {SETITEM.phrase} Variable '{variable.name}'",
-            variable.dtype,
-        )
-        == ()
-    ):
-        # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
-        value = convert_for_update(
-            read_operand(value), variable._value, variable.name, SETITEM, target_shape=()
-        )
-        variable._update(SETMASK, value, (index,))
-        return
-    parts = index if isinstance(index, tuple) else (index,)
-    if any(map(_is_scalar_mask, parts)):
-        # NumPy reads a 0-d boolean as a new axis that selects everything (True) or
-        # nothing (False).
-        if not all(bool(part) for part in parts if _is_scalar_mask(part)):
-            action = f"Cannot {SETITEM.phrase} Variable '{variable.name}'"
-            target = indexed_shape(variable, index)
-            convert(read_operand(value), variable.dtype, action, target, "indexed part")
-            return  # nothing selected: the value checked, nothing to change
-        index = tuple(None if _is_scalar_mask(part) else part for part in parts)
-    static, dynamic = _kernels.split_index(index)
-    if not any(isinstance(part, Tracer) for part in dynamic):
-        target = indexed_shape(variable, index)
-        # A jitted update cannot take a boolean mask (the selection's shape would depend
-        # on its values), so a concrete mask becomes the integer indices it selects.
-        static, dynamic = _kernels.split_index(masks_to_indices(index))
-    else:
-        target = indexed_shape(variable, index, traced=True)
-    value = convert_for_update(
-        read_operand(value), variable._value, variable.name, SETITEM, target_shape=target
-    )
-    variable._update(SETITEM, value, (dynamic, static))
+from .operators import ArrayOperators
 
 
 def indexed_shape(variable: Any, index: Any, traced: bool = False) -> tuple[int, ...]:
@@ -177,7 +126,7 @@ def _is_mask(part: Any) -> bool:
     return rank is not None and rank > 0
 
 
-def _is_scalar_mask(part: Any) -> bool:
+def is_scalar_mask(part: Any) -> bool:
     return _boolean_rank(part) == 0
 
 
@@ -191,3 +140,88 @@ def masks_to_indices(index: Any) -> Any:
         for part in parts
         for selected in (np.nonzero(np.asarray(part)) if _is_mask(part) else (part,))
     )
+
+
+def on_host(part: Any) -> bool:
+    """Whether an index part is one NumPy checks without waiting for a device or a trace:
+    an integer, a slice of integers, None, Ellipsis, or integers or bools in a NumPy array
+    or a list. (Anything else, JAX takes or refuses itself.)"""
+    if part is None or part is Ellipsis or isinstance(part, (int, np.integer, np.bool_)):
+        return True
+    if isinstance(part, slice):
+        return all(
+            bound is None or isinstance(bound, (int, np.integer))
+            for bound in (part.start, part.stop, part.step)
+        )
+    if isinstance(part, np.ndarray):
+        return part.dtype == np.bool_ or np.issubdtype(part.dtype, np.integer)
+    return isinstance(part, list) and all(
+        isinstance(item, (int, np.integer, np.bool_)) for item in part
+    )
+
+
+def index_shape(shape: tuple[int, ...], index: Any, action: str) -> tuple[int, ...]:
+    """The shape of ``x[index]`` for an array ``x`` of ``shape``, by NumPy's rules.
+
+    Raises:
+      IndexError: if the index is out of range (naming ``action``, as in ``"Cannot read
+        Variable 'w'"``).
+      ValueError: for a slice step of 0.
+    """
+    parts = index if isinstance(index, tuple) else (index,)
+    try:
+        return np.broadcast_to(np.empty((), np.bool_), shape)[
+            tuple(np.asarray(part) if isinstance(part, jax.Array) else part for part in parts)
+        ].shape
+    except (IndexError, ValueError) as error:  # out of range; a slice step of 0
+        raise type(error)(
+            f"{action}[{short_repr(index)}]: {error} (the variable's shape is {shape})"
+        ) from None
+
+
+def unwrap_index(index: Any) -> Any:
+    """Returns ``index`` with every variable (or view) in it replaced by its value."""
+    if isinstance(index, ArrayOperators):
+        return index._read()
+    if isinstance(index, tuple):
+        return tuple(part._read() if isinstance(part, ArrayOperators) else part for part in index)
+    return index
+
+
+def read_operand(x: Any) -> Any:
+    """Returns a variable's (or view's) current, possibly traced, value; anything else as
+    it is."""
+    return x._read() if isinstance(x, ArrayOperators) else x
+
+
+def split_index(index: Any) -> tuple[tuple, tuple]:
+    """Splits an index into a hashable static part and a tuple of dynamic integer parts.
+
+    Integers and integer or boolean arrays become dynamic, so ``v[i] = x`` in a loop over
+    ``i`` compiles once; slices, ``None`` and ``Ellipsis`` stay static.
+    """
+    parts = index if isinstance(index, tuple) else (index,)
+    static, dynamic = [], []
+    for part in parts:
+        if isinstance(part, slice):
+            static.append(("slice", part.start, part.stop, part.step))
+        elif part is None or part is Ellipsis:
+            static.append(part)
+        else:
+            static.append("dynamic")
+            dynamic.append(part)
+    return tuple(static), tuple(dynamic)
+
+
+def rebuild_index(static: tuple, dynamic: tuple) -> tuple:
+    """Inverts `split_index`."""
+    remaining = iter(dynamic)
+    index = []
+    for part in static:
+        if isinstance(part, tuple):
+            index.append(slice(*part[1:]))
+        elif part == "dynamic":
+            index.append(next(remaining))
+        else:
+            index.append(part)
+    return tuple(index)

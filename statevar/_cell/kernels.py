@@ -25,6 +25,7 @@ from jax.sharding import Sharding
 
 from .. import _caches
 from . import copies as _copies
+from .indexing import rebuild_index
 from .placement import is_explicit, pin
 
 
@@ -262,36 +263,3 @@ def copy_shared(arrays: list[jax.Array], variables: tuple, action: str) -> list[
         action,
     )
     return [copy_array(a) if is_shared else a for a, is_shared in zip(arrays, shared, strict=True)]
-
-
-def split_index(index: Any) -> tuple[tuple, tuple]:
-    """Splits an index into a hashable static part and a tuple of dynamic integer parts.
-
-    Integers and integer or boolean arrays become dynamic, so ``v[i] = x`` in a loop over
-    ``i`` compiles once; slices, ``None`` and ``Ellipsis`` stay static.
-    """
-    parts = index if isinstance(index, tuple) else (index,)
-    static, dynamic = [], []
-    for part in parts:
-        if isinstance(part, slice):
-            static.append(("slice", part.start, part.stop, part.step))
-        elif part is None or part is Ellipsis:
-            static.append(part)
-        else:
-            static.append("dynamic")
-            dynamic.append(part)
-    return tuple(static), tuple(dynamic)
-
-
-def rebuild_index(static: tuple, dynamic: tuple) -> tuple:
-    """Inverts `split_index`."""
-    remaining = iter(dynamic)
-    index = []
-    for part in static:
-        if isinstance(part, tuple):
-            index.append(slice(*part[1:]))
-        elif part == "dynamic":
-            index.append(next(remaining))
-        else:
-            index.append(part)
-    return tuple(index)

@@ -30,13 +30,22 @@ from .._state import STATE
 from .._tracing import frames as _frames
 from . import copies as _copies
 from . import creation as _creation
-from . import indexing as _indexing
 from . import kernels as _kernels
 from . import placement as _placement
-from .convert import Tracer, check_not_deleted, convert_for_update
-from .kernels import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, Operation
+from .convert import Tracer, check_not_deleted, convert, convert_for_update, value_shape
+from .indexing import (
+    concrete_index,
+    indexed_shape,
+    is_scalar_mask,
+    masks_to_indices,
+    placed_index,
+    read_operand,
+    split_index,
+    unwrap_index,
+)
+from .kernels import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, SETMASK, Operation
 from .operators import RefusedInPlace
-from .view import Readable, read_operand, register_readable, traced_update_error
+from .view import Readable, register_readable, traced_update_error
 
 # jax.Device annotations carry an ignore: see `_placement`.
 # Bound once: the eager update is a hot path.
@@ -56,11 +65,9 @@ ReshardTarget: TypeAlias = (
     "jax.sharding.Sharding | jax.Device | str | jax.sharding.PartitionSpec | tuple | None"  # pyright: ignore[reportInvalidTypeForm]
 )
 
-# The attribute holding a variable's array. Only this module stores it: the eager hot path
-# (`_eager_update`), `Variable._swap` (every other update's result), `Variable._replace_array`
-# (the one store other modules call), `reshard`, deep copies, and the store of a compiled
-# step's outputs (`stores`, on its first call and on every warm call), with no bytecode
-# where an exception can land between the donating call and the stores.
+# The attribute holding a variable's array. Only this module stores it (the eager hot path,
+# `Variable._swap`, `Variable._replace_array`, `reshard`, deep copies), and `lifted` (a
+# compiled step's outputs, all or nothing: `stores`, and `put_back`).
 ARRAY_ATTRIBUTE = "_value"
 
 
@@ -535,7 +542,7 @@ class Variable(RefusedInPlace, Readable):
           TypeError, ValueError: as `assign`, against the indexed part's shape.
         """
         try:
-            _indexing.set_item(self, index, value)
+            set_item(self, index, value)
         except BaseException as error:
             release_frames(error)  # a kept error keeps no array (see `release_frames`)
             raise
@@ -945,3 +952,49 @@ def check_operation(variable: Variable, operation: Operation) -> None:
 
 
 register_readable(Variable)
+
+
+def set_item(variable: Variable, index: Any, value: Any) -> None:
+    """`Variable.__setitem__` (which documents what it raises): reads the index, checks
+    the value against the indexed part (a mask of the variable's shape with a scalar value
+    is one compiled update for every mask), then runs the variable's update."""
+    index = placed_index(variable, concrete_index(variable, unwrap_index(index)))
+    if (
+        isinstance(index, (jax.Array, np.ndarray))
+        and index.dtype == np.bool_
+        and index.shape == variable.shape
+        and value_shape(
+            read_operand(value),
+            f"Cannot {SETITEM.phrase} Variable '{variable.name}'",
+            variable.dtype,
+        )
+        == ()
+    ):
+        # v[v < 0] = 0: one compiled update for every mask of the variable's shape.
+        value = convert_for_update(
+            read_operand(value), variable._value, variable.name, SETITEM, target_shape=()
+        )
+        variable._update(SETMASK, value, (index,))
+        return
+    parts = index if isinstance(index, tuple) else (index,)
+    if any(map(is_scalar_mask, parts)):
+        # NumPy reads a 0-d boolean as a new axis that selects everything (True) or
+        # nothing (False).
+        if not all(bool(part) for part in parts if is_scalar_mask(part)):
+            action = f"Cannot {SETITEM.phrase} Variable '{variable.name}'"
+            target = indexed_shape(variable, index)
+            convert(read_operand(value), variable.dtype, action, target, "indexed part")
+            return  # nothing selected: the value checked, nothing to change
+        index = tuple(None if is_scalar_mask(part) else part for part in parts)
+    static, dynamic = split_index(index)
+    if not any(isinstance(part, Tracer) for part in dynamic):
+        target = indexed_shape(variable, index)
+        # A jitted update cannot take a boolean mask (the selection's shape would depend
+        # on its values), so a concrete mask becomes the integer indices it selects.
+        static, dynamic = split_index(masks_to_indices(index))
+    else:
+        target = indexed_shape(variable, index, traced=True)
+    value = convert_for_update(
+        read_operand(value), variable._value, variable.name, SETITEM, target_shape=target
+    )
+    variable._update(SETITEM, value, (dynamic, static))

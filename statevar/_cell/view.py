@@ -21,6 +21,7 @@ from .._tracing import frames as _frames
 from . import placement as _placement
 from .array_methods import ArrayMethods
 from .convert import Tracer, is_concrete_array, short_repr
+from .indexing import index_shape, on_host, unwrap_index
 from .kernels import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, SETITEM, Operation
 from .operators import ArrayOperators, RebindingInPlace
 
@@ -159,7 +160,7 @@ class Readable(ArrayOperators, ArrayMethods):
         index = unwrap_index(index)
         if type(index) is int and self.shape and -self.shape[0] <= index < self.shape[0]:
             pass  # the common v[i], in range
-        elif all(map(_on_host, index if isinstance(index, tuple) else (index,))):
+        elif all(map(on_host, index if isinstance(index, tuple) else (index,))):
             index_shape(self.shape, index, f"Cannot read Variable '{self.name}'")
         try:
             # No local holds the value: a kept error keeps this frame.
@@ -397,55 +398,3 @@ def traced_update_error(variable: Readable, operation: Operation) -> TraceContex
         f"Cannot {operation.phrase} Variable '{variable.name}' inside jax.jit or another "
         "JAX transformation: use statevar.jit, which carries the update out of the trace."
     )
-
-
-def _on_host(part: Any) -> bool:
-    """Whether an index part is one NumPy checks without waiting for a device or a trace:
-    an integer, a slice of integers, None, Ellipsis, or integers or bools in a NumPy array
-    or a list. (Anything else, JAX takes or refuses itself.)"""
-    if part is None or part is Ellipsis or isinstance(part, (int, np.integer, np.bool_)):
-        return True
-    if isinstance(part, slice):
-        return all(
-            bound is None or isinstance(bound, (int, np.integer))
-            for bound in (part.start, part.stop, part.step)
-        )
-    if isinstance(part, np.ndarray):
-        return part.dtype == np.bool_ or np.issubdtype(part.dtype, np.integer)
-    return isinstance(part, list) and all(
-        isinstance(item, (int, np.integer, np.bool_)) for item in part
-    )
-
-
-def index_shape(shape: tuple[int, ...], index: Any, action: str) -> tuple[int, ...]:
-    """The shape of ``x[index]`` for an array ``x`` of ``shape``, by NumPy's rules.
-
-    Raises:
-      IndexError: if the index is out of range (naming ``action``, as in ``"Cannot read
-        Variable 'w'"``).
-      ValueError: for a slice step of 0.
-    """
-    parts = index if isinstance(index, tuple) else (index,)
-    try:
-        return np.broadcast_to(np.empty((), np.bool_), shape)[
-            tuple(np.asarray(part) if isinstance(part, jax.Array) else part for part in parts)
-        ].shape
-    except (IndexError, ValueError) as error:  # out of range; a slice step of 0
-        raise type(error)(
-            f"{action}[{short_repr(index)}]: {error} (the variable's shape is {shape})"
-        ) from None
-
-
-def unwrap_index(index: Any) -> Any:
-    """Returns ``index`` with every variable (or view) in it replaced by its value."""
-    if isinstance(index, Readable):
-        return index._read()
-    if isinstance(index, tuple):
-        return tuple(part._read() if isinstance(part, Readable) else part for part in index)
-    return index
-
-
-def read_operand(x: Any) -> Any:
-    """Returns a variable's (or view's) current, possibly traced, value; anything else as
-    it is."""
-    return x._read() if isinstance(x, Readable) else x

@@ -33,9 +33,10 @@ from .. import _caches
 from .._cell import kernels as _kernels
 from .._cell import placement as _placement
 from .._cell.convert import broadcasts_to, check_not_deleted, convert_for_update
+from .._cell.indexing import read_operand
 from .._cell.kernels import Operation
 from .._cell.variable import Variable, check_operation, run_kernel
-from .._cell.view import read_operand, register_readable
+from .._cell.view import register_readable
 from .._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from .._state import STATE
 from .._tracing import frames as _frames

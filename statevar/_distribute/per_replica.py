@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._cell.convert import Tracer
-from .._cell.view import read_operand
+from .._cell.indexing import read_operand
 
 
 class PerReplica:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from .._cell.creation import constrained
+from .._cell.indexing import read_operand
 from .._cell.placement import is_multi_device, replicated
 from .._cell.tree import (
     Node,
@@ -26,7 +27,6 @@ from .._cell.tree import (
     variables_and_structure,
 )
 from .._cell.variable import Variable
-from .._cell.view import read_operand
 from .._compile.jit import jit
 from .._errors import caller_stacklevel
 from .._tracing import frames as _frames
