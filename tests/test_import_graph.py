@@ -52,7 +52,7 @@ def _imports(path: pathlib.Path) -> tuple[set[str], list[str]]:
     name = _name(path)
     top: set[str] = set()
     elsewhere: list[str] = []
-    # A module-level import, or one in a module-level try (an optional extension's).
+    # A module-level import, or one in a module-level try block.
     top_level = {
         id(node)
         for block in tree.body
