@@ -225,20 +225,18 @@ class Step:
             arrays = originals = [*map(_read_array, lifted)]
             traced = entry.traced
             found = traced.found
-            # The call, made when the store is consumed; its arguments sit in a list, so
-            # that copies of shared arrays can take their place.
-            calls = [(arrays, dynamic)]
-            outputs = _chain_from(_starmap(entry.jitted, calls))
-            stores = _stores(lifted, outputs)
             try:
-                # Set while the reference counts are read (see `ProcessState.donating`), and
-                # cleared right before the store, with no signal check between: the step may
-                # run Python (JAX tracing it for new shapes, a jax.debug.callback) that reads
-                # and updates variables it did not lift.
+                # Set while the reference counts are read and the store is built (see
+                # `ProcessState.donating`), and cleared right before the store, with no
+                # signal check between: the step may run Python (JAX tracing it for new
+                # shapes, a jax.debug.callback) that reads and updates variables it did not
+                # lift.
                 STATE.donating = True
                 if sum(map(_getrefcount, arrays)) > entry.unshared:
                     arrays = _kernels.copy_shared(originals, lifted, self.copy_action)
-                    calls[0] = (arrays, dynamic)
+                # The call, made when the store is consumed.
+                outputs = _chain_from(_starmap(entry.jitted, ((arrays, dynamic),)))
+                stores = _stores(lifted, outputs)
                 STATE.donating = False
                 _consume(stores)
                 result = next(outputs)  # the result, after the variables' arrays
