@@ -63,7 +63,7 @@ parse_python_error <- function(text) {
 # these names differ between JAX versions (jax 0.10: jax.jaxlib._jax.Array; 0.12:
 # jax.Array). Values the package returns also carry its own classes, "statevar_variable"
 # and "statevar_array", whatever JAX calls them.
-python_variable_classes <- "statevar._variable.Variable"
+python_variable_classes <- "statevar._cell.variable.Variable"
 python_array_classes <- c(
   "jaxlib._jax.ArrayImpl",
   "jax.jaxlib._jax.Array",
