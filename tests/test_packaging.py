@@ -41,7 +41,7 @@ def _imported(*folders: str) -> set[str]:
     # Scripts in the same folder import each other (benchmarks/ shares helpers).
     local = {path.stem for folder in folders for path in (ROOT / folder).glob("*.py")}
     for folder in folders:
-        for path in (ROOT / folder).glob("*.py"):
+        for path in (ROOT / folder).rglob("*.py"):  # the package's subpackages included
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
                     modules |= {alias.name.split(".")[0] for alias in node.names}
