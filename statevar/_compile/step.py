@@ -1,4 +1,10 @@
-"""`statevar.jit`: compile a function that reads and assigns variables."""
+"""The compiled step: the `Step` that does the work of every call of a `statevar.jit`
+function (`statevar._compile.jit` makes it and returns what calls it).
+
+`Step.__call__` reads top to bottom: the look-up of the call's compiled form (`Cache`), the
+warm call, and the first call, which traces, checks devices and donations, and holds
+signal handlers around the same body, `Step._run`. See ``docs/architecture.md``.
+"""
 
 from __future__ import annotations
 
