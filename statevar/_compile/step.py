@@ -134,14 +134,12 @@ class Step:
                     # step(model, x) and methods: arrays, Variables and Modules seen before,
                     # as long as the Modules still hold the same objects.
                     key, entry, dynamic = self._cache.find(tuple(map(type, args)), args)
-                if entry is None:
-                    key, entry, dynamic = self._cache.prepare(
-                        args, kwargs, self._is_static, self.__name__, not self._has_static
-                    )
             elif STATE.open_trace_frames and _frames.innermost() is not None:
                 # Inside another statevar.jit or statevar.grad: run inline, in its trace.
                 return self._fn(*args, **kwargs)
             else:
+                entry = None  # keyword arguments, or a trace open in another thread
+            if entry is None:
                 key, entry, dynamic = self._cache.prepare(
                     args, kwargs, self._is_static, self.__name__, not self._has_static
                 )
