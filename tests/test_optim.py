@@ -913,3 +913,43 @@ def test_a_constraint_that_is_not_callable_is_refused():
     match = r"Cannot create Variable 'w' with constraint=1\.0: expected a function"
     with pytest.raises(TypeError, match=match):
         statevar.Variable(1.0, name="w", constraint=1.0)
+
+
+class _ThreeShapes(statevar.Module):
+    def __init__(self):
+        self.b = statevar.Variable([1.0, 2.0, 3.0])
+        self.a = statevar.Variable([1.0, 2.0])
+        self.c = statevar.Variable(1.0)
+
+
+def test_gradients_in_a_dict_by_path_reach_their_variables_in_any_key_order():
+    model = _ThreeShapes()
+    opt = statevar.Optimizer(optax.sgd(1.0), model)
+    grads = statevar.grad(lambda: model.a.sum() + 2 * model.b.sum() + 3 * model.c, model)()
+    assert list(grads) == ["b", "a", "c"]  # the Module's order, not the sorted one
+
+    opt.apply(grads)
+    opt.apply({"c": jnp.float32(1.0), "a": jnp.ones(2), "b": jnp.ones(3)})  # reordered
+
+    chex.assert_trees_all_close(model.a.value, jnp.array([-1.0, 0.0]))
+    chex.assert_trees_all_close(model.b.value, jnp.array([-2.0, -1.0, 0.0]))
+    chex.assert_trees_all_close(model.c.value, jnp.float32(-3.0))
+
+
+@pytest.mark.parametrize(
+    ("grads", "message"),
+    [
+        ({"a": jnp.ones(2), "b": jnp.ones(3), "d": jnp.ones(1)}, "structure|struct|match"),
+        ({"a": jnp.ones(2), "b": jnp.ones(4), "c": jnp.float32(1.0)}, r"'b' has shape \(4,\)"),
+    ],
+    ids=["a key the module lacks", "a wrong shape"],
+)
+def test_a_dict_of_gradients_that_does_not_fit_the_module_is_refused(grads, message):
+    model = _ThreeShapes()
+    opt = statevar.Optimizer(optax.sgd(1.0), model)
+    before = [v.value for v in model.variables]
+
+    with pytest.raises(ValueError, match=message):
+        opt.apply(grads)
+
+    chex.assert_trees_all_equal([v.value for v in model.variables], before)

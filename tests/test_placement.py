@@ -322,6 +322,17 @@ def test_a_first_call_given_a_committed_argument_commits_its_variables_and_compi
     chex.assert_trees_all_equal(v.value, jnp.full(2, 2.0))
 
 
+def test_the_commitment_a_warm_step_reads_of_its_arguments_is_jax_arrays_committed():
+    # A warm step reads each argument's commitment through JAX's C++ attribute (see
+    # jax_internals.COMMITTED_ATTRIBUTE), and takes a NumPy array or a number as uncommitted.
+    attribute = statevar._tracing.jax_internals.COMMITTED_ATTRIBUTE
+    free, placed = jnp.ones(2), jax.device_put(jnp.ones(2), _DEFAULT)
+
+    assert (getattr(free, attribute), getattr(placed, attribute)) == (False, True)
+    assert (free.committed, placed.committed) == (False, True)
+    assert getattr(np.ones(2), attribute, False) is False and not hasattr(1.0, attribute)
+
+
 def test_a_compiled_step_does_not_move_an_uncommitted_variable_to_its_arguments_device():
     v = statevar.Variable(jnp.zeros(2), name="v")
     step = _step_over(v)

@@ -35,6 +35,7 @@ from .._errors import (
 from .._signals import held_signals
 from .._state import STATE
 from .._tracing import frames as _frames
+from .._tracing import jax_internals as _jax_internals
 from . import memory_report as _memory_report
 from .cache import CONCRETE_ARGUMENT_TYPES, Cache, Entry, Found, uncommit, under_transformation
 from .memory_report import MemoryReport
@@ -52,8 +53,10 @@ _stores, _consume = _lifted.stores, _variable.consume
 # are all of them.
 _CONCRETE_TYPES = CONCRETE_ARGUMENT_TYPES
 _all_concrete = _CONCRETE_TYPES.issuperset
-# `getattr(argument, "committed", False)` for each argument, by `map` (in C).
-_COMMITTED, _NOT_COMMITTED = itertools.repeat("committed"), itertools.repeat(False)
+# Whether each argument is committed to its devices, by `map` (in C), as
+# `getattr(argument, COMMITTED_ATTRIBUTE, False)` (see `jax_internals.COMMITTED_ATTRIBUTE`).
+_COMMITTED = itertools.repeat(_jax_internals.COMMITTED_ATTRIBUTE)
+_NOT_COMMITTED = itertools.repeat(False)
 
 
 class Step:

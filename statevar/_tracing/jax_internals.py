@@ -2,14 +2,15 @@
 
 Every use of JAX that no public API offers lives here, and nowhere else in the package
 (``tests/test_import_graph.py`` pins it): the trace stack of `jax.extend.core`, the kinds and
-purposes of traces, the parent of a trace, and the Python frames of JAX's tracing functions.
+purposes of traces, the parent of a trace, the Python frames of JAX's tracing functions, and
+the C++ attribute a concrete array says its commitment by.
 Each function says what it is for, which public API would replace it, and the JAX versions
 it is tested on (``.ci/run`` runs the suite on the oldest and the newest supported JAX:
 0.10.2 and 0.12). A JAX release that renames what a function reads makes it answer
 conservatively where it can (see `traced_functions`), so statevar stays correct and only
 loses speed.
 
-``jax.core.Tracer`` and ``jax.Array.committed`` are public and used where they are needed.
+``jax.core.Tracer`` and ``jax.Array.committed`` are public and used everywhere else.
 """
 
 from __future__ import annotations
@@ -162,3 +163,22 @@ def jaxpr_as_fun(closed_jaxpr: Any) -> Callable[..., list[Any]]:
     .jaxpr_as_fun`` is deprecated). Tested on jax 0.10.2 to 0.12.0.1.
     """
     return _core.jaxpr_as_fun(closed_jaxpr)
+
+
+def _commitment_attribute() -> str:
+    """``"_committed"`` if JAX's concrete array reads its commitment without running Python
+    (a property of its C++ type), else ``"committed"``."""
+    try:
+        from jax._src.array import ArrayImpl
+    except ImportError:
+        return "committed"
+    getter = getattr(getattr(ArrayImpl, "_committed", None), "fget", None)
+    return "_committed" if getter is not None and not hasattr(getter, "__code__") else "committed"
+
+
+# The attribute a concrete array says whether it is committed to its devices by: read by
+# ``getattr(argument, COMMITTED_ATTRIBUTE, False)`` for every argument of a warm compiled
+# call whose variables are placed nowhere. ``jax.Array.committed`` is a Python property
+# returning JAX's C++ ``_committed``: a Python call for each argument. Public replacement:
+# ``committed``, used if a JAX release drops ``_committed``. Tested on jax 0.10.2 to 0.12.0.1.
+COMMITTED_ATTRIBUTE = _commitment_attribute()

@@ -116,6 +116,7 @@ class Optimizer:
         self._learning_rate: tuple[Variable | None, bool] = (None, False)
         self._full_structure: Any = None
         self._sequence_type: type | None = None
+        self._keys: tuple[Any, ...] | None = None
         self._shapes: list[tuple[int, ...]] = []
         self._spread = False
         # The Module the Optimizer was built for (weakly) and how its variables were found:
@@ -213,6 +214,13 @@ class Optimizer:
         # only when they are all the leaves.)
         sequence = type(tree) in (list, tuple) and len(self._leaves) == len(self._params)
         self._sequence_type = type(tree) if sequence and self._full_structure is not None else None
+        # A dict of exactly the optimized variables (a Module's, by path), each once: gradients
+        # in a dict (as `statevar.grad` returns a Module's) are read by its keys, in the
+        # order JAX flattens it, without flattening them (`apply`).
+        flat_dict = type(tree) is dict and all(map(is_variable, tree.values()))
+        if flat_dict and len(self._leaves) == len(self._params) == len(tree):
+            key_of = {id(variable): key for key, variable in tree.items()}
+            self._keys = tuple(key_of[id(v)] for v in self._leaves)
         self._shapes = [v.shape for v in self._params]
         self._spread = any(is_multi_device(v.sharding) for v in self._params)
         self._built = True
@@ -401,6 +409,8 @@ class Optimizer:
         flat = None
         if type(grads) is self._sequence_type and len(grads) == len(self._shapes):
             flat = grads  # for a list of variables, a list of arrays: nothing to flatten
+        elif type(grads) is dict and self._keys is not None and len(grads) == len(self._keys):
+            flat = list(map(grads.get, self._keys))  # a key missing gives None: general path
         elif self._full_structure is not None:
             leaves, structure = jax.tree.flatten(grads)
             if structure == self._full_structure:
