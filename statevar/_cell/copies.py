@@ -31,6 +31,7 @@ from typing import Any
 from .. import _caches
 from .._errors import CopyError, caller_stacklevel
 from .._state import STATE
+from .cell import Cell
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -183,7 +184,7 @@ def _forget_warned(key: tuple[int, str]) -> Callable[[weakref.ref], None]:
     return forget
 
 
-def held_cause(variable: Any) -> str:
+def held_cause(variable: Cell) -> str:
     """Why ``variable``'s array, held elsewhere, is: by a background checkpoint save in
     flight (`SAVING`), or by something else (`HELD`)."""
     return SAVING if id(variable._value) in STATE.saved_arrays else HELD
@@ -194,14 +195,14 @@ def applies(nbytes: int) -> bool:
     return POLICY.policy != "silent" and nbytes >= POLICY.min_bytes
 
 
-def _explain(cause: str, variable: Any) -> tuple[str, str]:
+def _explain(cause: str, variable: Cell) -> tuple[str, str]:
     reason, fix = _EXPLAINED[cause]
     if cause == UNSUPPORTED:
         reason = reason.format(platform=getattr(variable.device, "platform", "device"))
     return reason, fix
 
 
-def check(variable: Any, cause: str, nbytes: int, action: str) -> None:
+def check(variable: Cell, cause: str, nbytes: int, action: str) -> None:
     """Applies the copy policy to a copy of ``variable`` (``nbytes`` bytes) for ``cause``,
     made by ``action`` (``"assign_add"``, ``"The statevar.jit function 'step'"``), before
     the copying call: nothing, a `CopyWarning` (once per variable and cause), or a
@@ -214,7 +215,7 @@ def check(variable: Any, cause: str, nbytes: int, action: str) -> None:
 
 
 def check_many(
-    variables: Sequence[Any], sizes: Sequence[int], causes: Sequence[str], action: str
+    variables: Sequence[Cell], sizes: Sequence[int], causes: Sequence[str], action: str
 ) -> None:
     """`check` for the copies of several variables by one call (a compiled step): one
     `CopyError` naming each, or one warning per variable and cause.

@@ -19,6 +19,7 @@ from .._errors import DtypeMismatchError, OutOfMemoryError, TraceContextError, f
 from .._tracing import frames as _frames
 from .._tracing import jax_internals as _jax_internals
 from . import placement as _placement
+from .cell import Cell, ConstrainedCell
 from .convert import (
     Tracer,
     check_not_deleted,
@@ -117,7 +118,7 @@ def trainable_flag(label: str, trainable: Any, allow_none: bool) -> Any:
     )
 
 
-def check_on_read(variable: Any, label: str, trainable: Any, aggregation: str) -> None:
+def check_on_read(variable: Cell, label: str, trainable: Any, aggregation: str) -> None:
     """Refuses what an on-read variable cannot be, as TensorFlow does.
 
     Raises:
@@ -249,7 +250,7 @@ def check_constraint(label: str, constraint: Any) -> None:
         )
 
 
-def constrained(variable: Any, value: Any) -> Any:
+def constrained(variable: ConstrainedCell, value: Any) -> Any:
     """Returns ``value``, a new value an Optimizer computed for ``variable``, projected by
     the variable's constraint (unchanged without one).
 
@@ -414,7 +415,7 @@ def initial_array(
 
 
 def initial_state(
-    variable: Any,
+    variable: Cell,
     initial_value: Any,
     *,
     trainable: Any,

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from . import placement as _placement
+from .cell import Cell
 from .convert import (
     Tracer,
     check_not_deleted,
@@ -21,7 +22,7 @@ from .convert import (
 from .operators import ArrayOperators
 
 
-def indexed_shape(variable: Any, index: Any, traced: bool = False) -> tuple[int, ...]:
+def indexed_shape(variable: Cell, index: Any, traced: bool = False) -> tuple[int, ...]:
     """The shape of ``self[index]``, by NumPy's rules (JAX's for a ``traced`` index).
 
     Raises:
@@ -47,7 +48,7 @@ def indexed_shape(variable: Any, index: Any, traced: bool = False) -> tuple[int,
         ) from None
 
 
-def concrete_index(variable: Any, index: Any) -> Any:
+def concrete_index(variable: Cell, index: Any) -> Any:
     """Returns ``index`` with each slice bound that is a Variable or an array read to a
     Python int, as NumPy reads it (``__index__``), each list made a NumPy array, as
     NumPy takes it (a list of bools is a mask), and each big-endian NumPy array made
@@ -91,7 +92,7 @@ def concrete_index(variable: Any, index: Any) -> Any:
     return tuple(map(read, index)) if isinstance(index, tuple) else read(index)
 
 
-def placed_index(variable: Any, index: Any) -> Any:
+def placed_index(variable: Cell, index: Any) -> Any:
     """Refuses deleted index arrays, and copies index arrays on another device to the
     variable's, as `convert_for_update` does for values."""
     action = f"Cannot set an item of Variable '{variable.name}'"

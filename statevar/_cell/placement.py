@@ -26,6 +26,7 @@ from jax.sharding import (
 
 from .._errors import PlacementError
 from .._state import STATE
+from .cell import Cell
 
 # jax.Device is a class at run time, but jaxlib ships no stub for it and pyright reads the
 # alias as a variable: each annotation naming it carries an ignore for that alone.
@@ -468,7 +469,7 @@ def is_committed(value: Any) -> bool:
 
 
 def check_step_devices(
-    subject: str, variables: Sequence[Any], arrays: Sequence[Any], arguments: Sequence[Any]
+    subject: str, variables: Sequence[Cell], arrays: Sequence[Any], arguments: Sequence[Any]
 ) -> None:
     """`check_same_devices` for a compiled step given the arrays of ``variables`` and its
     array ``arguments``. A variable counts as placed on its device even while uncommitted:

@@ -371,7 +371,7 @@ def register_readable(cls: type[Readable]) -> None:
     child, its value, keyed ``.value`` (``jax.tree_util.keystr`` gives ``"['w'].value"``
     for a variable under a dict's key ``"w"``)."""
 
-    def flatten_with_keys(variable: Any) -> tuple[tuple[tuple[Any, Any], ...], Any]:
+    def flatten_with_keys(variable: Readable) -> tuple[tuple[tuple[Any, Any], ...], Any]:
         (value,), aux = variable.tree_flatten()
         return ((_VALUE_KEY, value),), aux
 
