@@ -333,6 +333,19 @@ def test_the_commitment_a_warm_step_reads_of_its_arguments_is_jax_arrays_committ
     assert getattr(np.ones(2), attribute, False) is False and not hasattr(1.0, attribute)
 
 
+class _PythonCommitted:
+    @property
+    def _committed(self):
+        return False
+
+
+@pytest.mark.parametrize("array_type", [object, _PythonCommitted], ids=["none", "in Python"])
+def test_without_jaxs_cpp_commitment_attribute_a_warm_step_reads_committed(monkeypatch, array_type):
+    # Should a JAX release drop `_committed` or make it Python, the public name is read.
+    monkeypatch.setattr(jax._src.array, "ArrayImpl", array_type)
+    assert statevar._tracing.jax_internals._commitment_attribute() == "committed"
+
+
 def test_a_compiled_step_does_not_move_an_uncommitted_variable_to_its_arguments_device():
     v = statevar.Variable(jnp.zeros(2), name="v")
     step = _step_over(v)
