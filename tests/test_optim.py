@@ -953,3 +953,14 @@ def test_a_dict_of_gradients_that_does_not_fit_the_module_is_refused(grads, mess
         opt.apply(grads)
 
     chex.assert_trees_all_equal([v.value for v in model.variables], before)
+
+
+def test_a_variable_in_a_dict_of_gradients_is_applied_as_its_value():
+    model = _ThreeShapes()
+    opt = statevar.Optimizer(optax.sgd(1.0), model)
+    accumulated = statevar.Variable([0.5, 0.5], name="accumulated")
+
+    opt.apply({"a": accumulated, "b": jnp.ones(3), "c": jnp.float32(1.0)})
+
+    chex.assert_trees_all_close(model.a.value, jnp.array([0.5, 1.5]))
+    chex.assert_trees_all_close(accumulated.value, jnp.array([0.5, 0.5]))  # not updated
