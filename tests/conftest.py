@@ -2,6 +2,7 @@
 
 import contextlib
 import gc
+import signal
 import threading
 
 import jax
@@ -33,6 +34,16 @@ def _reset_placement_settings():
     yield
     statevar.set_soft_device_placement(True)
     statevar.set_log_device_placement(False)
+
+
+@pytest.fixture
+def default_sigint_handler():
+    """Python's own SIGINT handler (raising `KeyboardInterrupt`) for the test: a process
+    started in the background of a shell without job control ignores SIGINT, and Python then
+    installs none."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

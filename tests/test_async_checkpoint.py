@@ -465,6 +465,7 @@ def test_a_save_in_another_thread_holds_its_arrays_as_a_save_from_its_read_on(
 
 
 @pytest.mark.parametrize("api", APIS)
+@pytest.mark.usefixtures("default_sigint_handler")
 def test_an_interruption_as_a_background_save_starts_waits_until_it_is_registered(
     tmp_path, monkeypatch, held_orbax_writes, api
 ):

@@ -1250,6 +1250,7 @@ def test_a_restore_while_another_thread_trains_lands_before_or_after_its_steps(
     chex.assert_trees_all_equal(a.value, b.value, jnp.full(4, 2.0))  # restored, then stepped
 
 
+@pytest.mark.usefixtures("default_sigint_handler")
 def test_ctrl_c_during_a_restore_is_raised_once_every_variable_is_restored(tmp_path, monkeypatch):
     a, b, step = _pair_and_step()
     statevar.save(tmp_path / "ckpt", [a, b])

@@ -33,10 +33,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 
 @pytest.fixture(autouse=True)
-def _default_sigint_handler():
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+def _default_sigint_handler(default_sigint_handler):
+    """Every test here interrupts with SIGINT (see `default_sigint_handler`)."""
 
 
 def _interrupted(loop, delays):
