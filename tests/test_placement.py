@@ -326,6 +326,7 @@ def test_the_commitment_a_warm_step_reads_of_its_arguments_is_jax_arrays_committ
     # A warm step reads each argument's commitment through JAX's C++ attribute (see
     # jax_internals.COMMITTED_ATTRIBUTE), and takes a NumPy array or a number as uncommitted.
     attribute = statevar._tracing.jax_internals.COMMITTED_ATTRIBUTE
+    assert attribute == "_committed"  # on every JAX the suite runs on (0.10.2 to 0.12)
     free, placed = jnp.ones(2), jax.device_put(jnp.ones(2), _DEFAULT)
 
     assert (getattr(free, attribute), getattr(placed, attribute)) == (False, True)
