@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import statevar
+from statevar._tracing import jax_internals as _jax_internals
 
 
 class Linear(statevar.Module):
@@ -468,3 +469,102 @@ def test_a_gradient_under_vmap_after_a_call_that_assigned_under_a_cond():
 
     chex.assert_trees_all_close(per_example(xs), before)  # this path assigns nothing
     assert int(count) == 1
+
+
+# ---------------------------------------------------------------- the reach probe's paths
+# `statevar.grad` learns what its loss reaches from the backward pass of a probe of two
+# primitives (`jax_internals.reach_probe`). JAX takes one of three paths through it: the
+# probe's own linearization rule (direct linearization, the default), the JVP rule when no
+# rule fits the installed JAX, and JVP then partial evaluation when direct linearization is
+# off. Each must learn the same.
+
+
+@pytest.fixture(params=["own rule", "jvp rule", "jvp then partial eval"])
+def probe_path(request, monkeypatch):
+    if request.param == "jvp rule":
+        table = _jax_internals._ad_internals.primitive_linearizations
+        monkeypatch.delitem(table, _jax_internals._PROBE)
+    elif request.param == "jvp then partial eval":
+        before = jax.config.jax_use_direct_linearize
+        jax.config.update("jax_use_direct_linearize", False)
+        request.addfinalizer(lambda: jax.config.update("jax_use_direct_linearize", before))
+    return request.param
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, statevar.jit], ids=["eager", "jit"])
+def test_each_path_through_the_probe_learns_what_the_loss_reaches(probe_path, transform):
+    a, b, c = (statevar.Variable(v, name=n) for v, n in ((2.0, "a"), (3.0, "b"), (5.0, "c")))
+
+    def loss():  # reaches a; reads b only through stop_gradient; never reads c
+        return a * a + jax.lax.stop_gradient(b)
+
+    da, db, dc = transform(statevar.grad(loss, [a, b, c]))()
+
+    assert (float(da), db, dc) == (4.0, None, None)
+
+
+def test_each_path_through_the_probe_serves_nested_grads(probe_path):
+    a, b, c = (statevar.Variable(v, name=n) for v, n in ((2.0, "a"), (3.0, "b"), (5.0, "c")))
+    inner = []
+
+    def outer_loss():
+        db, dc = statevar.grad(lambda: b * b, [b, c])()
+        inner.append(dc)
+        return a * db
+
+    da, db, dc = statevar.grad(outer_loss, [a, b, c])()
+
+    assert (float(da), float(db), dc, inner[-1]) == (6.0, 4.0, None, None)
+
+
+def test_forward_mode_through_an_eager_grad_matches_the_pure_function():
+    # jax.jvp and jax.vmap around statevar.grad: the probe runs under their traces.
+    w = statevar.Variable(1.5, name="w")
+
+    def slope(x):
+        return statevar.grad(lambda: jnp.sin(w * x) * x, w)()
+
+    def pure_slope(x):
+        return jax.grad(lambda w: jnp.sin(w * x) * x)(1.5)
+
+    x = jnp.float32(0.7)
+    chex.assert_trees_all_close(jax.jvp(slope, (x,), (1.0,)), jax.jvp(pure_slope, (x,), (1.0,)))
+    xs = jnp.array([0.1, 0.7, -2.0])
+    chex.assert_trees_all_close(jax.vmap(slope)(xs), jax.vmap(pure_slope)(xs))
+    chex.assert_trees_all_close(jax.jit(jax.grad(slope))(x), jax.grad(pure_slope)(x), rtol=1e-5)
+
+
+def test_the_probe_has_its_own_linearization_on_the_jax_the_suite_runs_on():
+    # Without it, each eager grad pays JAX's fallback: tracing the probe's JVP rule to a
+    # jaxpr. A JAX that changed how rules are called shows here, not as a silent slowdown.
+    assert _jax_internals.LINEARIZATION_PROTOCOL in (4, 5)
+    table = _jax_internals._ad_internals.primitive_linearizations
+    assert table[_jax_internals._PROBE] is _jax_internals._probe_linearization
+
+
+def test_a_jax_whose_linearization_rules_take_another_form_gets_none(monkeypatch):
+    class LinearizeTrace:
+        def process_primitive(self, primitive, tracers, params):
+            primal_out, tangent_out = primitive, tracers  # no residuals, no linearized map
+            return primal_out, tangent_out
+
+    monkeypatch.setattr(_jax_internals._ad_internals, "LinearizeTrace", LinearizeTrace)
+    assert _jax_internals._linearization_protocol() is None
+    monkeypatch.delattr(_jax_internals._ad_internals, "LinearizeTrace")
+    assert _jax_internals._linearization_protocol() is None
+
+
+def test_the_probe_is_the_identity_outside_differentiation():
+    # Eagerly, under jit and under vmap, where no backward pass runs: no report, same values.
+    reports = []
+    x, y = jnp.arange(3.0), jnp.float32(2.0)
+
+    def probed(x, y):
+        return _jax_internals.reach_probe([x, y], reports.append)
+
+    for run in (probed, jax.jit(probed)):
+        chex.assert_trees_all_equal(run(x, y), [x, y], strict=True)
+    batched = jax.vmap(probed, in_axes=(0, None), out_axes=[0, None])(x, y)
+    chex.assert_trees_all_equal(batched, [x, y], strict=True)
+    assert _jax_internals.reach_probe([], reports.append) == []
+    assert reports == []

@@ -9,12 +9,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero
 
 from .._cell.tree import Node, is_differentiable, is_variable, read_variables, variable_tree
 from .._cell.variable import Variable
 from .._errors import TraceContextError
 from .._tracing import frames as _frames
+from .._tracing import jax_internals as _jax_internals
 from .._tracing import nesting as _nesting
 
 
@@ -103,11 +103,11 @@ def _value_and_grad_call(
         return _frames.Frame("grad", {}, refs if outermost else {})
 
     def run(frame: _frames.Frame) -> Any:
-        mark, marks_reached = _reach_mark()
         reached.clear()
 
         def pure(primals: list[jax.Array]) -> Any:
-            frame.values = dict(zip(lifted, mark(*primals), strict=True))
+            marked = _jax_internals.reach_probe(primals, _recorder(reached))
+            frame.values = dict(zip(lifted, marked, strict=True))
             frame.differentiated = differentiated
             with frame:
                 out = read_variables(fn(*args, **kwargs))
@@ -125,7 +125,6 @@ def _value_and_grad_call(
         (loss, (aux, written, integer_loss)), gradients = jax.value_and_grad(pure, has_aux=True)(
             primals
         )
-        reached.update(marks_reached)
         return (loss if integer_loss is None else integer_loss, (aux, written)), gradients
 
     out, frame, learned_refs[0] = _frames.trace_with_refs(make_frame, run, learned_refs[0])
@@ -196,36 +195,16 @@ def _is_integer(loss: Any) -> bool:
     return isinstance(dtype, np.dtype) and dtype.kind in "biu"
 
 
-def _reach_mark() -> tuple[Callable[..., tuple[jax.Array, ...]], set[int]]:
-    """An identity on the differentiated primals (one argument each), and the set of the indices of
-    those the backward pass reached with a cotangent: JAX gives a symbolic zero to an
-    output of the mark the loss does not reach differentiably (or skips the mark when it
-    reaches none).
+def _recorder(reached: set[int]) -> Callable[[list[bool]], None]:
+    """What the reach probe of one call reports to: it adds the indices of the primals the
+    loss reached to ``reached`` (see `jax_internals.reach_probe`). A new one each call, so
+    that the backward passes of nested calls (a `statevar.grad` inside another's function)
+    record into their own sets."""
 
-    One mark for all the primals of a call: eagerly each custom-derivative call costs about
-    as much as a dozen eager operations, whatever it carries. A new mark each call, so that the
-    backward passes of nested calls (a `statevar.grad` inside another's function) record
-    into their own sets.
-    """
-    reached: set[int] = set()
+    def record(flags: list[bool]) -> None:
+        reached.update(index for index, flag in enumerate(flags) if flag)
 
-    @jax.custom_vjp
-    def mark(*primals: jax.Array) -> tuple[jax.Array, ...]:
-        return primals
-
-    def forward(*primals: Any) -> tuple[tuple[jax.Array, ...], None]:
-        return tuple(primal.value for primal in primals), None  # CustomVJPPrimals
-
-    def backward(_: None, cotangents: tuple[Any, ...]) -> tuple[Any, ...]:
-        reached.update(
-            index
-            for index, cotangent in enumerate(cotangents)
-            if not isinstance(cotangent, SymbolicZero)
-        )
-        return cotangents
-
-    mark.defvjp(forward, backward, symbolic_zeros=True)
-    return mark, reached
+    return record
 
 
 def grad(fn: Callable, wrt: Any) -> Callable:

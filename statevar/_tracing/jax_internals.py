@@ -2,8 +2,9 @@
 
 Every use of JAX that no public API offers lives here, and nowhere else in the package
 (``tests/test_import_graph.py`` pins it): the trace stack of `jax.extend.core`, the kinds and
-purposes of traces, the parent of a trace, the Python frames of JAX's tracing functions, and
-the C++ attribute a concrete array says its commitment by.
+purposes of traces, the parent of a trace, the Python frames of JAX's tracing functions, the
+C++ attribute a concrete array says its commitment by, and the reach probe (two primitives
+of statevar's own, which `statevar.grad` learns what its loss reaches by).
 Each function says what it is for, which public API would replace it, and the JAX versions
 it is tested on (``.ci/run`` runs the suite on the oldest and the newest supported JAX:
 0.10.2 and 0.12). A JAX release that renames what a function reads makes it answer
@@ -16,13 +17,23 @@ loses speed.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-# `jax.extend` is JAX's surface for libraries built on its internals: stable in name, not in
-# behaviour (tested on jax 0.10.2, 0.11.2 and 0.12.0.1). No public API exposes the trace stack.
+# `jax.extend` and `jax.interpreters` are JAX's surface for libraries built on its internals:
+# stable in name, not in behaviour (tested on jax 0.10.2, 0.11.2 and 0.12.0.1). No public API
+# exposes the trace stack or defines a primitive.
 from jax.extend import core as _core
+from jax.interpreters import ad as _ad
+from jax.interpreters import batching as _batching
+from jax.interpreters import mlir as _mlir
+
+try:  # the table of linearization rules (see `LINEARIZATION_PROTOCOL`)
+    from jax._src.interpreters import ad as _ad_module
+except ImportError:  # pragma: no cover (every JAX the suite runs on has it)
+    _ad_module = None
+_ad_internals: Any = _ad_module
 
 
 def current_trace() -> Any:
@@ -182,3 +193,115 @@ def _commitment_attribute() -> str:
 # returning JAX's C++ ``_committed``: a Python call for each argument. Public replacement:
 # ``committed``, used if a JAX release drops ``_committed``. Tested on jax 0.10.2 to 0.12.0.1.
 COMMITTED_ATTRIBUTE = _commitment_attribute()
+
+
+# ------------------------------------------------------------------------------ reach probe
+
+
+def reach_probe(primals: Sequence[Any], on_reached: Callable[[list[bool]], None]) -> list[Any]:
+    """Returns ``primals`` unchanged, marked so that the backward pass of the differentiation
+    they are traced for calls ``on_reached`` with, for each of them, whether the loss reached
+    it with a cotangent (JAX gives a symbolic zero to one it does not reach differentiably:
+    unread, read through ``stop_gradient`` or only for an auxiliary output). The backward pass
+    makes at most one call: none, or one with every flag False, when the loss reaches none.
+
+    For: learning, in each call of `statevar.grad`, which variables its loss reached (the
+    others get None, as ``tf.GradientTape`` gives). Made of two primitives of statevar's own,
+    an identity and its linear part, whose transpose calls ``on_reached``: eagerly, binding a
+    primitive costs a fraction of a `jax.custom_vjp` call (about 0.6 ms each on jax 0.10.2 and
+    0.12, most of it JAX's Python work: debug info, signature inspection, the forward
+    function's trace). ``on_reached`` is a parameter of the equations: a new one each call, so
+    nested calls record apart, and no compiled cache keys on it (eagerly, neither primitive
+    compiles: both run in Python). Public replacement: `jax.custom_vjp` with
+    ``symbolic_zeros=True`` (what statevar used before). Tested on jax 0.10.2 to 0.12.0.1.
+    """
+    if not primals:
+        return []  # nothing to learn, and JAX would bind the probe outside differentiation
+    return _PROBE.bind(*primals, on_reached=on_reached)
+
+
+def _identity(*values: Any, on_reached: Callable) -> list[Any]:
+    return list(values)
+
+
+def _batch_identity(primitive: Any) -> Callable:
+    def batch(values: Sequence[Any], dimensions: Sequence[Any], **params: Any) -> tuple:
+        return primitive.bind(*values, **params), list(dimensions)
+
+    return batch
+
+
+def _define_identity(name: str) -> Any:
+    """A primitive returning its operands, in every JAX interpreter: evaluation, abstract
+    evaluation, batching and lowering."""
+    primitive = _core.Primitive(name)
+    primitive.multiple_results = True
+    primitive.def_impl(_identity)
+    primitive.def_abstract_eval(_identity)
+    _batching.primitive_batchers[primitive] = _batch_identity(primitive)
+    _mlir.register_lowering(primitive, lambda ctx, *values, on_reached: list(values))
+    return primitive
+
+
+_PROBE = _define_identity("statevar_reach_probe")
+# The probe's tangent map: linear, and the identity; its transpose reports which cotangents
+# are not symbolic zeros.
+_PROBE_LINEAR = _define_identity("statevar_reach_probe_linear")
+
+
+def _instantiated(tangents: Sequence[Any]) -> list[Any]:
+    return [_ad.instantiate_zeros(tangent) for tangent in tangents]
+
+
+def _probe_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, on_reached: Callable) -> tuple:
+    return list(primals), _PROBE_LINEAR.bind(*_instantiated(tangents), on_reached=on_reached)
+
+
+def _probe_transpose(cotangents: Sequence[Any], *_: Any, on_reached: Callable) -> list[Any]:
+    on_reached([not isinstance(cotangent, _ad.Zero) for cotangent in cotangents])
+    return list(cotangents)
+
+
+# The linear part has no JVP rule: it lives only in the linear jaxpr of statevar.grad's own
+# backward pass, which transposes it (a JAX that differentiated it would say so, by name).
+_ad.primitive_jvps[_PROBE] = _probe_jvp
+_ad.primitive_transposes[_PROBE_LINEAR] = _probe_transpose
+
+
+def _linearization_protocol() -> int | None:
+    """How JAX's direct linearization calls a primitive's linearization rule, as the
+    installed JAX's ``LinearizeTrace.process_primitive`` unpacks it: ``4`` (``primal_out,
+    tangent_nzs_out, residuals, linearized``: jax 0.10 and 0.11.0), ``5`` (with the
+    structured residuals: jax 0.11.2 and 0.12), or None for a JAX that does neither."""
+    try:
+        names = _ad_internals.LinearizeTrace.process_primitive.__code__.co_varnames
+        _ad_internals.primitive_linearizations  # noqa: B018 (the table the rule goes into)
+    except AttributeError:  # no such JAX module, class or table
+        return None
+    if "linearized" not in names or "residuals" not in names:
+        return None
+    return 5 if "structured_res" in names else 4
+
+
+def _probe_linearization(
+    is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, **params: Any
+) -> tuple:
+    """The probe's linearization rule: the primals unchanged, and a linear map binding the
+    probe's linear part on the tangents (``linearized``, called under the tangent trace)."""
+
+    def linearized(*tangents: Any) -> list[Any]:
+        return _PROBE_LINEAR.bind(*_instantiated(tangents), **params)
+
+    nonzero = [True] * len(primals)
+    if LINEARIZATION_PROTOCOL == 5:
+        return list(primals), nonzero, None, None, lambda _, __, *t: linearized(*t)
+    return list(primals), nonzero, None, lambda _, *t: linearized(*t)
+
+
+# How the probe is linearized when JAX linearizes directly (`jax_use_direct_linearize`, the
+# default): by its own rule, which costs a fraction of JAX's fallback (tracing the JVP rule
+# to a jaxpr on every call). A JAX whose rules take another form gets none, and falls back
+# to the JVP rule: always correct, only slower. Public replacement: none (the JVP rule).
+LINEARIZATION_PROTOCOL = _linearization_protocol()
+if LINEARIZATION_PROTOCOL is not None:
+    _ad_internals.primitive_linearizations[_PROBE] = _probe_linearization
