@@ -109,12 +109,15 @@ def _value_and_grad_call(
             marked = _jax_internals.reach_probe(primals, _recorder(reached))
             frame.values = dict(zip(lifted, marked, strict=True))
             frame.differentiated = differentiated
-            with frame:
-                out = read_variables(fn(*args, **kwargs))
+            try:
+                with frame:
+                    out = read_variables(fn(*args, **kwargs))
+                # Assignments made at this level come out as values, applied afterwards.
+                written = [frame.values[v] for v in frame.written]
+            finally:
+                frame.values = {}  # the frame outlives the trace: it keeps none of its tracers
             loss, aux = out if has_aux else (out, None)
             _check_loss(fn, loss, has_aux)
-            # Assignments made at this level come out as values, applied afterwards.
-            written = [frame.values[v] for v in frame.written]
             if _is_integer(loss):
                 # No gradient flows from an integer target, as in tf.GradientTape: JAX
                 # differentiates a float zero of its shape, which reaches no variable.
