@@ -499,6 +499,43 @@ def test_a_variable_a_closure_module_replaced_is_seen_as_eagerly():
     chex.assert_trees_all_equal(model.kernel.value, jnp.full((2, 1), 6.0))
 
 
+def test_a_module_argument_whose_counter_counts_each_call_is_found_without_a_new_walk(
+    monkeypatch,
+):
+    # A Python counter on the Module changes no variable found: warm calls are found by
+    # the Module's structure (`Cache.find`), never split again; a replaced variable is seen.
+    class Counted(statevar.Module):
+        def __init__(self):
+            self.kernel = statevar.Variable(jnp.ones((2, 1)))
+            self.calls = 0
+
+    model = Counted()
+
+    @statevar.jit
+    def step(model, x):
+        model.kernel.assign_add(x.sum())
+        return model.kernel.value
+
+    step(model, jnp.ones(2))
+    cache_type = type(step.jit_function._cache)
+    prepare, splits = cache_type.prepare, []
+
+    def counted(cache, *args, **kwargs):
+        splits.append(args)
+        return prepare(cache, *args, **kwargs)
+
+    monkeypatch.setattr(cache_type, "prepare", counted)
+    for _ in range(3):
+        model.calls += 1
+        step(model, jnp.ones(2))
+    assert splits == []
+    chex.assert_trees_all_equal(model.kernel.value, jnp.full((2, 1), 9.0))
+
+    model.kernel = statevar.Variable(jnp.zeros((2, 1)))
+    chex.assert_trees_all_equal(step(model, jnp.ones(2)), jnp.full((2, 1), 2.0))
+    assert len(splits) == 1
+
+
 def test_a_sub_module_a_closure_module_replaced_is_seen_as_eagerly():
     class Net(statevar.Module):
         def __init__(self):

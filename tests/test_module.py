@@ -1,8 +1,10 @@
 """statevar.Module: finding variables, path names."""
 
+import jax.numpy as jnp
 import pytest
 
 import statevar
+from statevar._cell.tree import variables_and_structure
 
 
 class Dense(statevar.Module):
@@ -178,3 +180,58 @@ def test_a_module_name_survives_a_tree_map():
 def test_a_bad_module_name_is_refused(name, error, match):
     with pytest.raises(error, match=match):
         NamedDense(name=name)
+
+
+# ----------------------------------------------------- how a Module's structure is watched
+
+
+class Counting(statevar.Module):
+    def __init__(self):
+        self.layers = [Dense(), Dense(3, 1)]
+        self.calls = 0  # changes every step: no variable is found through it
+        self.scale = jnp.ones(2)
+
+
+def _watched(module):
+    return variables_and_structure(module)[1]
+
+
+CHANGES_NO_VARIABLE_FOUND = {
+    "a counter counts": lambda m: setattr(m, "calls", m.calls + 1),
+    "an array attribute is replaced": lambda m: setattr(m, "scale", jnp.zeros(2)),
+}
+CHANGES_WHAT_IS_FOUND = {
+    "a counter becomes a variable": lambda m: setattr(m, "calls", statevar.Variable(1.0)),
+    "a counter becomes a list": lambda m: setattr(m, "calls", []),
+    "a list's variable is replaced": lambda m: m.layers[0].__setattr__(
+        "bias", statevar.Variable([1.0, 1.0, 1.0])
+    ),
+    "a list item is replaced": lambda m: m.layers.__setitem__(1, Dense(3, 1)),
+    "a list grows": lambda m: m.layers.append(3),
+    "an attribute is added": lambda m: setattr(m, "extra", 1),
+}
+
+
+@pytest.mark.parametrize(
+    "change", CHANGES_NO_VARIABLE_FOUND.values(), ids=CHANGES_NO_VARIABLE_FOUND
+)
+def test_a_structure_stays_unchanged_when_what_it_finds_does(change):
+    # A compiled step's look-up and an Optimizer's held check compare the structure on
+    # every call: a value the walk never looks into must not send them into a new walk.
+    model = Counting()
+    structure = _watched(model)
+
+    change(model)
+
+    assert structure.unchanged()
+
+
+@pytest.mark.parametrize("change", CHANGES_WHAT_IS_FOUND.values(), ids=CHANGES_WHAT_IS_FOUND)
+def test_a_structure_sees_every_change_of_what_it_finds(change):
+    model = Counting()
+    structure = _watched(model)
+    model.calls += 1  # with a counter moving as well
+
+    change(model)
+
+    assert not structure.unchanged()

@@ -335,7 +335,10 @@ class Structure:
     it. An id can be taken again only by an object of another type (caught by the types),
     a Node (caught by the weak reference its record holds), a container (whose values are
     compared in turn) or an object the walk does not look at; the variables themselves are
-    held by the compiled entry the structure leads to.
+    held by the compiled entry the structure leads to. Only the ids of what the walk looks
+    at (variables, Nodes, containers) are compared: a Python counter or an array attribute
+    that changes every step changes no variable found, and its type still shows one that
+    became a variable or a container.
     """
 
     __slots__ = ("_root",)
@@ -357,17 +360,30 @@ class Structure:
 
 
 class _Record:
-    """One container of a `Structure`: the ids and types of the values it held, the records
+    """One container of a `Structure`: the types of the values it held, the ids of those
+    the walk looks at (at ``watched``, or all of them when ``watched`` is None), the records
     of the containers among them it was looked into through (by position), and a weak
     reference to it if it is a Node."""
 
-    __slots__ = ("owner", "ids", "types", "children")
+    __slots__ = ("owner", "watched", "ids", "types", "children")
 
     def __init__(self, container: Any, is_node: bool, values: tuple):
         self.owner = weakref.ref(container) if is_node else None
-        self.ids = tuple(map(id, values))
+        watched = tuple(i for i, value in enumerate(values) if isinstance(value, _LOOKED_AT))
+        self.watched = None if len(watched) == len(values) else watched
+        self.ids = _watched_ids(values, self.watched)
         self.types = tuple(map(type, values))
         self.children: list[tuple[int, _Record]] = []
+
+
+# What `walk` looks at: the values whose ids a `Structure` compares (a value of another type
+# is none of these while its type stays).
+_LOOKED_AT = (Variable, Node, *CONTAINERS)
+
+
+def _watched_ids(values: tuple, watched: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The ids of ``values`` at the positions ``watched`` (all of them for None)."""
+    return tuple(map(id, values if watched is None else map(values.__getitem__, watched)))
 
 
 def _matches(record: _Record, container: Any) -> bool:
@@ -384,7 +400,10 @@ def _matches(record: _Record, container: Any) -> bool:
             values = tuple(container.values())
         else:
             values = tuple(container)
-        if tuple(map(id, values)) != record.ids or tuple(map(type, values)) != record.types:
+        if (
+            tuple(map(type, values)) != record.types
+            or _watched_ids(values, record.watched) != record.ids
+        ):
             return False
         pending += [(child, values[position]) for position, child in record.children]
     return True
