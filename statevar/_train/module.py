@@ -243,12 +243,21 @@ def _record_change(old: Any, new: Any) -> None:
     ``new``: the variables it let go of, or variables where it held none (see
     `ProcessState.record_structure_change`). Setting an attribute to what holds the same
     variables (a new list of them) changes nothing."""
+    if not (_may_hold_variables(old) or _may_hold_variables(new)):
+        return  # a counter counting, a flag flipping: nothing to look into
     before = _variables_in(old)
     after = _variables_in(new)
     let_go = [variable for key, variable in before.items() if key not in after]
     added = not before and bool(after)
     if let_go or added:
         STATE.record_structure_change(let_go, added)
+
+
+def _may_hold_variables(value: Any) -> bool:
+    """Whether ``value`` is a variable or something `_variables_in` looks into."""
+    return isinstance(value, (Variable, Node, list, tuple, dict)) or hasattr(
+        type(value), "_statevar_variables"
+    )
 
 
 def _variables_in(value: Any) -> dict[int, Variable]:
