@@ -250,12 +250,14 @@ _PROBE = _define_identity("statevar_reach_probe")
 _PROBE_LINEAR = _define_identity("statevar_reach_probe_linear")
 
 
-def _instantiated(tangents: Sequence[Any]) -> list[Any]:
-    return [_ad.instantiate_zeros(tangent) for tangent in tangents]
+def _probe_tangents(tangents: Sequence[Any], on_reached: Callable) -> list[Any]:
+    """The probe's tangent map, the same in its JVP rule and its linearization rule."""
+    instantiated = [_ad.instantiate_zeros(tangent) for tangent in tangents]
+    return _PROBE_LINEAR.bind(*instantiated, on_reached=on_reached)
 
 
 def _probe_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, on_reached: Callable) -> tuple:
-    return list(primals), _PROBE_LINEAR.bind(*_instantiated(tangents), on_reached=on_reached)
+    return list(primals), _probe_tangents(tangents, on_reached)
 
 
 def _probe_transpose(cotangents: Sequence[Any], *_: Any, on_reached: Callable) -> list[Any]:
@@ -285,18 +287,17 @@ def _linearization_protocol() -> int | None:
 
 
 def _probe_linearization(
-    is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, **params: Any
+    is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, on_reached: Callable
 ) -> tuple:
-    """The probe's linearization rule: the primals unchanged, and a linear map binding the
-    probe's linear part on the tangents (``linearized``, called under the tangent trace)."""
+    """The probe's linearization rule: the primals unchanged, no residuals, and its tangent
+    map (`_probe_tangents`, which JAX calls under the tangent trace with the residuals, and
+    with protocol 5 the structured residuals, before the tangents)."""
+    residuals = (None,) * (2 if LINEARIZATION_PROTOCOL == 5 else 1)
 
-    def linearized(*tangents: Any) -> list[Any]:
-        return _PROBE_LINEAR.bind(*_instantiated(tangents), **params)
+    def linearized(*arguments: Any) -> list[Any]:
+        return _probe_tangents(arguments[len(residuals) :], on_reached)
 
-    nonzero = [True] * len(primals)
-    if LINEARIZATION_PROTOCOL == 5:
-        return list(primals), nonzero, None, None, lambda _, __, *t: linearized(*t)
-    return list(primals), nonzero, None, lambda _, *t: linearized(*t)
+    return (list(primals), [True] * len(primals), *residuals, linearized)
 
 
 # How the probe is linearized when JAX linearizes directly (`jax_use_direct_linearize`, the

@@ -243,8 +243,6 @@ def _record_change(old: Any, new: Any) -> None:
     ``new``: the variables it let go of, or variables where it held none (see
     `ProcessState.record_structure_change`). Setting an attribute to what holds the same
     variables (a new list of them) changes nothing."""
-    if not (_may_hold_variables(old) or _may_hold_variables(new)):
-        return  # a counter counting, a flag flipping: nothing to look into
     before = _variables_in(old)
     after = _variables_in(new)
     let_go = [variable for key, variable in before.items() if key not in after]
@@ -253,11 +251,8 @@ def _record_change(old: Any, new: Any) -> None:
         STATE.record_structure_change(let_go, added)
 
 
-def _may_hold_variables(value: Any) -> bool:
-    """Whether ``value`` is a variable or something `_variables_in` looks into."""
-    return isinstance(value, (Variable, Node, list, tuple, dict)) or hasattr(
-        type(value), "_statevar_variables"
-    )
+# What `_variables_in` looks into, besides an Optimizer (``_statevar_variables``).
+_HOLDERS = (Variable, Node, list, tuple, dict)
 
 
 def _variables_in(value: Any) -> dict[int, Variable]:
@@ -265,7 +260,10 @@ def _variables_in(value: Any) -> dict[int, Variable]:
     Optimizer (``_statevar_variables``), and those in lists, tuples and dicts, at any
     depth."""
     found: dict[int, Variable] = {}
-    pending, seen = [value], set()
+    if not isinstance(value, _HOLDERS) and not hasattr(type(value), "_statevar_variables"):
+        return found  # a counter counting, a flag flipping: nothing to look into
+    pending: list[Any] = [value]
+    seen: set[int] = set()
     while pending:
         item = pending.pop()
         if id(item) in seen:
