@@ -132,7 +132,7 @@ def large_grads_step(variant: str) -> tuple[Callable[[], Any], Callable[[], Any]
             return loss, grads
 
         def hlo() -> str:
-            entry = next(iter(step.jit_function._cache.entries.values()))
+            entry = next(iter(step._cache.entries.values()))
             arrays = [v._value for v in entry.lifted]
             return entry.jitted.lower(arrays, (x,)).compile()
 

@@ -60,9 +60,9 @@ class ProcessState:
         (`statevar.clear_caches`): a variable that recorded its compiled updates in another
         generation forgets them (see `_variable.run_kernel`).
       log_placement: whether placements are logged (`statevar.set_log_device_placement`).
-      compiled_functions: what `statevar.jit` returned (plain functions and
-        `CompiledFunction` partials), so that closure discovery can follow them into the
-        function each compiles, and `statevar.clear_caches` can empty them.
+      compiled_functions: what `statevar.jit` returned (each a `Step`), so that closure
+        discovery can follow them into the function each compiles, and
+        `statevar.clear_caches` can empty them.
       saved_arrays: how many background checkpoint saves in flight hold each array, by id
         (see `statevar._checkpoint.async_saves.PendingSave`): an update copying such an array copies
         for the save, which the copy policy tells apart. A save holds its arrays while registered,

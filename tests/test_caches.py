@@ -25,7 +25,7 @@ def test_a_compiled_step_traces_again_after_clear_caches():
     step(jnp.ones(3))
     assert len(traces) == 1
     statevar.clear_caches()
-    assert step.jit_function._cache.entries == {}
+    assert step._cache.entries == {}
     assert float(step(jnp.ones(3))) == 9.0  # the same results, compiled again
     assert len(traces) == 2
     step(jnp.ones(3))

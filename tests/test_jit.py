@@ -3,9 +3,9 @@
 import copy
 import functools
 import gc
+import inspect
 import sys
 import threading
-import types
 import weakref
 
 import chex
@@ -219,15 +219,34 @@ class _Counter(statevar.Module):
         self.count.assign_add(x)
 
 
-def test_a_compiled_plain_function_is_a_plain_function():
-    def step(x):
-        return x * 2
+def test_a_compiled_function_looks_like_the_function_it_compiles():
+    def step(x: jax.Array, scale: float = 2.0) -> jax.Array:
+        """Doubles."""
+        return x * scale
 
     compiled = statevar.jit(step)
 
-    assert isinstance(compiled, types.FunctionType) and compiled.__name__ == "step"
-    assert copy.deepcopy(compiled) is compiled  # shared by copies, as any function is
-    assert isinstance(statevar.jit(_Counter()._step), statevar._compile.jit.CompiledFunction)
+    assert (compiled.__name__, compiled.__doc__) == ("step", "Doubles.")
+    assert inspect.signature(compiled) == inspect.signature(step)
+    assert repr(compiled) == "<statevar.jit function step>"
+    assert copy.copy(compiled) is compiled
+    assert copy.deepcopy(compiled) is compiled  # shared by copies, as a function is
+    bound = statevar.jit(_Counter()._step)
+    assert copy.deepcopy(bound) is not bound  # compiles the copy (see the test below)
+
+
+def test_a_compiled_method_binds_to_its_instance():
+    class Scaler:
+        def __init__(self, factor: float):
+            self.factor = factor
+
+        @statevar.jit
+        def scale(self, x):
+            return x * self.factor
+
+    assert float(Scaler(3.0).scale(2.0)) == 6.0
+    assert float(Scaler(5.0).scale(2.0)) == 10.0
+    assert isinstance(Scaler.scale, statevar._compile.step.Step)  # unbound on the class
 
 
 def test_a_deep_copy_of_a_module_holding_a_compiled_method_updates_the_copy():
@@ -266,7 +285,7 @@ def test_a_compiled_method_does_not_keep_its_instances_alive():
         kept.step(1.0)
     finally:
         gc.enable()
-    assert len(Model.step.jit_function._cache.entries) == 1  # only the live instance's
+    assert len(Model.step._cache.entries) == 1  # only the live instance's
     kept.step(1.0)
     assert float(kept.w[0]) == 2.0
 
@@ -517,7 +536,7 @@ def test_a_module_argument_whose_counter_counts_each_call_is_found_without_a_new
         return model.kernel.value
 
     step(model, jnp.ones(2))
-    cache_type = type(step.jit_function._cache)
+    cache_type = type(step._cache)
     prepare, splits = cache_type.prepare, []
 
     def counted(cache, *args, **kwargs):
@@ -776,7 +795,7 @@ def test_a_replaced_variable_is_not_kept_alive_by_the_old_compiled_entry():
         assert old() is None
     finally:
         gc.enable()
-    assert len(bump.jit_function._cache.entries) == 1 and float(net.first.w) == 11.0
+    assert len(bump._cache.entries) == 1 and float(net.first.w) == 11.0
 
 
 def test_an_unchanged_module_argument_is_not_walked_again(monkeypatch):
@@ -1414,7 +1433,7 @@ def test_a_freed_compiled_function_frees_its_closure_variables_at_once():
             v.assign_add(x)
 
         add(1.0)
-        return weakref.ref(v), weakref.ref(add.jit_function)
+        return weakref.ref(v), weakref.ref(add)
 
     gc.disable()  # by reference counting alone: finding the closure makes no cycle
     try:
@@ -1455,7 +1474,7 @@ def test_a_module_that_refers_back_to_itself_is_freed_after_a_compiled_step(
     del model
     collect_garbage()  # the Module refers back to itself: only the collector frees that cycle
     assert freed() is None and variable() is None
-    assert step.jit_function._cache.entries == {}
+    assert step._cache.entries == {}
 
 
 def test_replacing_a_module_variable_drops_the_old_entry_for_calls_with_keywords():
@@ -1471,7 +1490,7 @@ def test_replacing_a_module_variable_drops_the_old_entry_for_calls_with_keywords
         net.first.w = statevar.Variable(10.0)
     bump(net, x=1.0)
     # One entry, for the variables the Module holds now; the replaced ones are freed.
-    assert len(bump.jit_function._cache.entries) == 1 and float(net.first.w) == 11.0
+    assert len(bump._cache.entries) == 1 and float(net.first.w) == 11.0
     assert [ref() for ref in replaced] == [None, None, None]
 
 

@@ -317,7 +317,7 @@ def test_a_first_call_given_a_committed_argument_commits_its_variables_and_compi
     step(x)  # of the same argument types as the first call: not compiled again, warm
     assert len(first_calls) == 1
 
-    (entry,) = step.jit_function._cache.entries.values()
+    (entry,) = step._cache.entries.values()
     assert entry.jitted._cache_size() == 1
     chex.assert_trees_all_equal(v.value, jnp.full(2, 2.0))
 
@@ -379,7 +379,7 @@ def test_a_step_over_committed_and_uncommitted_variables_commits_them_and_compil
     step(jnp.ones(2))
 
     assert free.value.committed is True
-    (entry,) = step.jit_function._cache.entries.values()
+    (entry,) = step._cache.entries.values()
     assert entry.jitted._cache_size() == 1
 
 

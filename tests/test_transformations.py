@@ -296,7 +296,7 @@ def test_variables_not_assigned_under_nested_transformations_keep_plain_values()
 
     step(jnp.ones(3))
     assert (float(assigned_at_top), float(in_scan)) == (4.0, 6.0)
-    (entry,) = step.jit_function._cache.entries.values()
+    (entry,) = step._cache.entries.values()
     assert entry.refs == (in_scan,)
 
 

@@ -10,14 +10,21 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-from typing import Any, cast
+from typing import Any
 
 from .._cell.variable import Variable
 from .._state import STATE
 
-# `ProcessState.compiled_functions` holds what `statevar.jit` returned, to follow into the
-# function each compiles. A wrapper made with functools.wraps copies a compiled function's
-# attributes, so membership, not an attribute, tells them apart.
+
+def _is_compiled(obj: Any) -> bool:
+    """Whether ``obj`` is what `statevar.jit` returned (`ProcessState.compiled_functions`
+    holds them), to follow into the function it compiles. A wrapper made with
+    functools.wraps copies a compiled function's attributes, so membership, not an
+    attribute, tells them apart."""
+    try:
+        return obj in STATE.compiled_functions
+    except TypeError:  # unhashable: no compiled function
+        return False
 
 
 def closure_variables(fn: Any) -> list[Variable]:
@@ -52,10 +59,8 @@ def _collect(obj: Any, depth: int, home: str | None, found: dict, seen: set[int]
     elif isinstance(obj, types.MethodType):
         _collect(obj.__self__, depth + 1, home, found, seen)
         _collect(obj.__func__, depth + 1, home, found, seen)
-    elif isinstance(obj, (types.FunctionType, functools.partial)) and (
-        obj in STATE.compiled_functions
-    ):
-        _collect(cast(Any, obj).jit_function._fn, depth + 1, home, found, seen)
+    elif _is_compiled(obj):
+        _collect(obj._fn, depth + 1, home, found, seen)
     elif isinstance(obj, functools.partial):
         for part in (obj.func, obj.args, obj.keywords):
             _collect(part, depth + 1, home, found, seen)

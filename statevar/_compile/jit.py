@@ -1,33 +1,28 @@
 """`statevar.jit`: compile a function that reads and assigns variables.
 
-`jit` makes a `Step` (`statevar._compile.step`), which does the work of every call, and
-returns what calls it: a plain function for a plain function (it binds as a method and deep
-copies share it), else a `CompiledFunction`, which binds as a method and deep-copies with the
-instance it belongs to.
+`jit` returns a `Step` (`statevar._compile.step`), which does the work of every call: it
+binds as a method, as the function it compiles does, and a deep copy shares it for a plain
+function, or compiles the copy of a bound method or callable object, which updates the
+copied variables.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
-import types
 from collections.abc import Callable
-from typing import Any, cast, overload
-
-import jax
+from typing import Any, overload
 
 from .. import _caches
 from .._state import STATE
-from .memory_report import MemoryReport
 from .protocol import Compiled, Params, Result
-from .step import Step, wrap
+from .step import Step
 
 
 @_caches.register
 def _clear_compiled_steps() -> None:
     """Drops the entries of every `statevar.jit` function (see `statevar.clear_caches`)."""
     for compiled in list(STATE.compiled_functions):
-        compiled.jit_function._cache.clear()
+        compiled._cache.clear()
 
 
 @overload
@@ -105,73 +100,4 @@ def jit(fn: Callable | None = None, **jit_kwargs: Any) -> Any:
     if isinstance(fn, (staticmethod, classmethod)):
         # @statevar.jit above @staticmethod or @classmethod: compile the function inside.
         return type(fn)(jit(fn.__func__, **jit_kwargs))
-    compiled = Step(fn, **jit_kwargs)
-    if isinstance(fn, types.FunctionType):
-        return _plain_function(compiled, fn, jit_kwargs)
-    # A bound method (an Optimizer's, say), a partial or a callable object belongs to an
-    # instance: a deep copy of that instance must get a function compiled for the copy.
-    wrapper = wrap(CompiledFunction(compiled.__call__, compiled, jit_kwargs), fn)
-    STATE.compiled_functions.add(wrapper)
-    return wrapper
-
-
-def _plain_function(compiled: Step, fn: Callable, jit_kwargs: dict[str, Any]) -> Any:
-    """What `jit` returns for a plain function: a plain function calling ``compiled``. It
-    binds as a method, Python calls it fastest, and a deep copy shares it, as it shares any
-    function."""
-    run = compiled.__call__
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return run(*args, **kwargs)
-
-    call.jit_function, call._jit_kwargs, call.lower = compiled, jit_kwargs, compiled.lower
-    call.memory_report = compiled.memory_report
-    STATE.compiled_functions.add(call)
-    return wrap(call, fn)
-
-
-class CompiledFunction(functools.partial):
-    """What `jit` returns for anything but a plain function: a function that binds as a
-    method and deep-copies with the instance it belongs to.
-
-    A `functools.partial` of the `Step`'s bound ``__call__``, which Python calls
-    almost as fast as a plain function.
-    """
-
-    # Set on each instance by `__new__` (a partial has a ``__dict__``), as on the plain
-    # functions `jit` returns.
-    jit_function: Step
-    lower: Callable[..., jax.stages.Lowered]
-    memory_report: Callable[..., MemoryReport]
-    _jit_kwargs: dict[str, Any]
-
-    def __new__(
-        cls, call: Callable, compiled: Step, jit_kwargs: dict[str, Any]
-    ) -> CompiledFunction:
-        self = super().__new__(cls, call)
-        self.jit_function = compiled
-        self.lower = compiled.lower
-        self.memory_report = compiled.memory_report
-        self._jit_kwargs = jit_kwargs
-        return self
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        return self if instance is None else types.MethodType(self, instance)
-
-    def __copy__(self) -> CompiledFunction:
-        return self
-
-    def __deepcopy__(self, memo: dict) -> CompiledFunction:
-        # A copy compiles the deep copy of the function: for a bound method (say, an
-        # Optimizer's), one bound to the copied object, which updates the copied variables.
-        # That copy is again no plain function, so `jit` gives a CompiledFunction, which its
-        # overloads (typed by the signature alone) cannot tell.
-        copied = cast(
-            CompiledFunction,
-            jit(copy.deepcopy(self.jit_function._fn, memo), **self._jit_kwargs),
-        )
-        copied.jit_function.subject = self.jit_function.subject  # named as the original
-        return copied
-
-    def __repr__(self) -> str:
-        return f"<statevar.jit function {self.jit_function.__name__}>"
+    return Step(fn, **jit_kwargs)

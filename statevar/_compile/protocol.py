@@ -1,7 +1,7 @@
 """The static type of what `statevar.jit` returns: the compiled function's own signature.
 
-Only type checkers read this module; at run time `statevar.jit` returns a plain function
-(or a `functools.partial` subclass) with these attributes.
+Only type checkers read this module; at run time `statevar.jit` returns a
+`statevar._compile.step.Step`, which has these attributes.
 """
 
 from __future__ import annotations

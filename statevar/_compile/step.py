@@ -1,5 +1,5 @@
-"""The compiled step: the `Step` that does the work of every call of a `statevar.jit`
-function (`statevar._compile.jit` makes it and returns what calls it).
+"""The compiled step: the `Step` that `statevar.jit` returns, which does the work of every
+call.
 
 `Step.__call__` reads top to bottom: the look-up of the call's compiled form (`Cache`), the
 warm call, and the first call, which traces, checks devices and donations, and holds
@@ -8,11 +8,13 @@ signal handlers around the same body, `Step._run`. See ``docs/architecture.md``.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import itertools
 import operator
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -62,7 +64,8 @@ _NOT_COMMITTED = itertools.repeat(False)
 class Step:
     """A function compiled with `jax.jit` whose variable reads and assignments are lifted.
 
-    Created by `statevar.jit`, which returns a function calling it. Its `__call__` reads
+    What `statevar.jit` returns: it binds as a method, as the function it compiles does,
+    and Python calls it with no wrapper in between. Its `__call__` reads
     top to bottom: the look-up (a call seen before is found by its argument types, any
     other is split by `split_call` into the key of its compiled form, its array arguments
     and its state, and the `Cache` gives the entry for the key, compiling one on first
@@ -72,6 +75,7 @@ class Step:
     """
 
     def __init__(self, fn: Callable, **jit_kwargs: Any):
+        self._options = dict(jit_kwargs)  # as given: a deep copy compiles with them again
         for forbidden in ("donate_argnums", "donate_argnames"):
             if forbidden in jit_kwargs:
                 raise TypeError(
@@ -120,6 +124,7 @@ class Step:
             inner = fn.func if isinstance(fn, functools.partial) else fn
             self.__name__ = getattr(inner, "__name__", type(inner).__name__)
         self._creation.name = self.__name__
+        STATE.compiled_functions.add(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the function: finds the entry for the call's kind of arguments, then runs it
@@ -162,6 +167,27 @@ class Step:
         except BaseException as error:
             release_frames(error)  # a kept error keeps no array (see `release_frames`)
             raise
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """Binds as a method, as the function it compiles does."""
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __copy__(self) -> Step:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> Step:
+        """A compiled plain function is shared by copies, as any function is. One compiled
+        from a bound method (an Optimizer's, say), a partial or a callable object belongs to
+        an instance: the copy compiles the deep copy of it, which updates the copied
+        variables."""
+        if isinstance(self._fn, types.FunctionType):
+            return self
+        copied = Step(copy.deepcopy(self._fn, memo), **self._options)
+        copied.subject = self.subject  # named as the original
+        return copied
+
+    def __repr__(self) -> str:
+        return f"<statevar.jit function {self.__name__}>"
 
     def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """Returns JAX's `jax.stages.Lowered` for a call with these arguments, to inspect

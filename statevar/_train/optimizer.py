@@ -126,9 +126,7 @@ class Optimizer:
         self._warned_no_gradient: set[Variable] = set()
         self._compiled_apply = jit(self._apply_traced)
         # Placement errors name the Optimizer, not its inner function.
-        cast(
-            Any, self._compiled_apply
-        ).jit_function.subject = f"Optimizer {name!r}, applying gradients,"
+        cast(Any, self._compiled_apply).subject = f"Optimizer {name!r}, applying gradients,"
         if variables is not None:
             self.build(variables)
 
