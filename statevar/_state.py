@@ -48,6 +48,10 @@ class ProcessState:
         tracing again releases it) and the structure epoch in which it was let go of. By id,
         not a WeakKeyDictionary: weak references compare their referents with ``==``, which
         is elementwise for a Variable.
+      attribute_epoch: counts the sets and deletions of Module attributes that held or
+        hold a variable, a Module, a list, a tuple or a dict, and the attributes added
+        (`record_attribute_change`): while it stays, a `statevar._cell.tree.Structure`
+        compares only the containers in place, not every Module's attributes.
       state_added: the structure epoch of the latest attribute that came to hold variables
         where it held none.
       open_trace_frames: the trace frames open in any thread: while it is 0 (almost always,
@@ -74,6 +78,7 @@ class ProcessState:
     compile_epoch: int = 0
     structure_epoch: int = 0
     replaced: dict[int, tuple[weakref.ref, int]] = dataclasses.field(default_factory=dict)
+    attribute_epoch: int = 0
     state_added: int = 0
     open_trace_frames: int = 0
     hot_epoch: int = 0
@@ -109,6 +114,11 @@ class ProcessState:
             if added:
                 self.state_added = self.structure_epoch
         self.bump_compile_epoch()
+
+    def record_attribute_change(self) -> None:
+        """Records that a Module attribute watched by `attribute_epoch` changed."""
+        with self._counters_lock:
+            self.attribute_epoch += 1
 
     def forget_compiled_updates(self) -> None:
         """Records that JAX's compiled updates were dropped: every variable's next update

@@ -185,11 +185,17 @@ def test_a_bad_module_name_is_refused(name, error, match):
 # ----------------------------------------------------- how a Module's structure is watched
 
 
+class Parts(statevar.Module):
+    def __init__(self):
+        self.by_name = {"first": Dense(), "second": Dense(3, 1)}
+
+
 class Counting(statevar.Module):
     def __init__(self):
         self.layers = [Dense(), Dense(3, 1)]
         self.calls = 0  # changes every step: no variable is found through it
         self.scale = jnp.ones(2)
+        self.parts = Parts()  # a dict below a sub-Module
 
 
 def _watched(module):
@@ -208,7 +214,13 @@ CHANGES_WHAT_IS_FOUND = {
     ),
     "a list item is replaced": lambda m: m.layers.__setitem__(1, Dense(3, 1)),
     "a list grows": lambda m: m.layers.append(3),
+    "list items swap places": lambda m: m.layers.reverse(),
+    "a dict below a sub-Module changes in place": lambda m: m.parts.by_name.update(
+        first=m.parts.by_name["second"], second=m.parts.by_name["first"]
+    ),
+    "a sub-Module's dict is replaced": lambda m: setattr(m.parts, "by_name", {}),
     "an attribute is added": lambda m: setattr(m, "extra", 1),
+    "an attribute is deleted": lambda m: delattr(m, "scale"),
 }
 
 
@@ -227,11 +239,38 @@ def test_a_structure_stays_unchanged_when_what_it_finds_does(change):
 
 
 @pytest.mark.parametrize("change", CHANGES_WHAT_IS_FOUND.values(), ids=CHANGES_WHAT_IS_FOUND)
-def test_a_structure_sees_every_change_of_what_it_finds(change):
+@pytest.mark.parametrize("compared_before", [False, True], ids=["fresh", "compared before"])
+def test_a_structure_sees_every_change_of_what_it_finds(change, compared_before):
     model = Counting()
     structure = _watched(model)
+    if compared_before:  # after a change elsewhere made it compare every container once
+        Counting().calls = 1
+        assert structure.unchanged()
     model.calls += 1  # with a counter moving as well
 
     change(model)
 
     assert not structure.unchanged()
+
+
+def test_a_structure_compares_only_containers_while_no_module_attribute_changes(monkeypatch):
+    # The held check of every eager Optimizer.apply and the look-up of every compiled step
+    # given a Module: while no Module attribute it watches was set, the Modules' attributes
+    # are not compared again.
+    model = Counting()
+    structure = _watched(model)
+    compared = []
+    full = statevar._cell.tree._matches
+    monkeypatch.setattr(statevar._cell.tree, "_matches", lambda *a: compared.append(1) or full(*a))
+
+    for _ in range(3):
+        model.calls += 1
+        model.scale = jnp.zeros(2)
+        assert structure.unchanged()
+    assert compared == []
+
+    model.layers = list(model.layers)  # the same variables, in a new list
+    assert not structure.unchanged() and compared == [1]
+    structure = _watched(model)
+    Dense()  # a new Module elsewhere: its attributes move the epoch
+    assert structure.unchanged() and structure.unchanged() and compared == [1, 1]

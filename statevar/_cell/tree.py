@@ -18,6 +18,7 @@ collector runs.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._state import STATE
 from .variable import Variable
 from .view import Readable, View
 
@@ -85,8 +87,9 @@ def walk(
         (one attribute being set, say).
       paths: whether to build each item's path (``"layers/0/kernel"``); without, every path
         is ``""`` (faster).
-      containers: if given, gets ``(container, whether it is a Node, the values walked,
-        the index of its parent's record or -1, its position among the parent's values)``
+      containers: if given, gets ``(container, whether it is a Node, the keys walked, the
+        values walked, the index of its parent's record or -1, its position among the
+        parent's values)``
         for each Node, list, tuple and dict looked into, in the order looked into. The
         values are a snapshot taken before walking them, so the record matches the walk
         even if another thread changes the container meanwhile.
@@ -152,8 +155,9 @@ def _entries(
     record = -1
     if containers is not None:
         record = len(containers)
+        keys = tuple(key for key, _ in entries)
         values = tuple(item for _, item in entries)
-        containers.append((container, is_node, values, parent, position))
+        containers.append((container, is_node, keys, values, parent, position))
     if paths:
         return enumerate((f"{prefix}{key}", item) for key, item in entries), record
     return enumerate(("", item) for _, item in entries), record
@@ -329,53 +333,98 @@ class Structure:
 
     `unchanged` tells, without walking the Node again, whether a walk would find the same
     variables in the same order: `statevar.jit` checks it instead of walking a Module
-    argument on every call. It compares, container by container from the Node down, the
-    ids and types of the values each holds now with those it held, and holds none of them:
-    a Module is freed when nothing else holds it, even if something below refers back to
-    it. An id can be taken again only by an object of another type (caught by the types),
-    a Node (caught by the weak reference its record holds), a container (whose values are
-    compared in turn) or an object the walk does not look at; the variables themselves are
-    held by the compiled entry the structure leads to. Only the ids of what the walk looks
-    at (variables, Nodes, containers) are compared: a Python counter or an array attribute
-    that changes every step changes no variable found, and its type still shows one that
-    became a variable or a container.
+    argument on every call, and an Optimizer before every update. It holds no Module and
+    no container: a Module is freed when nothing else holds it, even if something below
+    refers back to it. It holds the variables of a container of variables only (what
+    it serves holds them too).
+
+    Two checks, by what can have changed:
+
+    - While `ProcessState.attribute_epoch` has not moved, no Module attribute that held or
+      holds a variable, a Module or a container was set or deleted, and no attribute was
+      added: only the lists, tuples and dicts can have changed, in place. Those are
+      compared (`_containers_match`), and the Modules on the way to them only by identity.
+    - Otherwise, every container is compared, from the Node down (`_matches`); when all
+      still match, the structure takes the epoch it was compared in.
+
+    A container of variables only is compared by identity with the variables it held;
+    any other by the ids and types of the values it holds now against those it held. An id can be taken again only by an object of another type (caught by the
+    types), a Node (caught by the weak reference its record holds), a container (whose
+    values are compared in turn) or an object the walk does not look at; the variables
+    themselves are held by what the structure serves (a compiled entry, an Optimizer).
+    Only the ids of what the walk looks at (variables, Nodes, containers) are compared: a
+    Python counter or an array attribute that changes every step changes no variable
+    found, and its type still shows one that became a variable or a container.
     """
 
-    __slots__ = ("_root",)
+    __slots__ = ("_root", "_epoch")
 
-    def __init__(self, containers: list[tuple[Any, bool, tuple, int, int]]):
-        """``containers``: what `walk` recorded, the Node walked first."""
+    def __init__(self, containers: list[tuple[Any, bool, tuple, tuple, int, int]], epoch: int):
+        """``containers``: what `walk` recorded, the Node walked first; ``epoch``: the
+        `ProcessState.attribute_epoch` read before the walk."""
         records: list[_Record] = []
-        for container, is_node, values, parent, position in containers:
-            record = _Record(container, is_node, values)
+        for container, is_node, keys, values, parent, position in containers:
+            record = _Record(container, is_node, keys, values)
             records.append(record)
             if parent >= 0:
-                records[parent].children.append((position, record))
+                above = records[parent]
+                key = above.keys[position] if above.owner is not None else position
+                above.children.append((position, key, record))
+        for record in reversed(records):  # every child after its parent
+            record.holds_container = record.owner is None or any(
+                child.holds_container for _, _, child in record.children
+            )
         self._root = records[0]
+        self._epoch = epoch
 
     def unchanged(self) -> bool:
         """Whether every container still holds the same objects, in the same order."""
         root = self._root.owner() if self._root.owner is not None else None
-        return root is not None and _matches(self._root, root)
+        if root is None:
+            return False
+        epoch = STATE.attribute_epoch
+        if epoch == self._epoch:
+            return _containers_match(self._root, root)
+        if not _matches(self._root, root):
+            return False
+        self._epoch = epoch  # a later change moves the epoch past it
+        return True
 
 
 class _Record:
     """One container of a `Structure`: the types of the values it held, the ids of those
     the walk looks at (at ``watched``, or all of them when ``watched`` is None), the records
-    of the containers among them it was looked into through (by position), and a weak
-    reference to it if it is a Node."""
+    of the containers among them it was looked into through (by position, and by
+    attribute name below a Node), and a weak reference to it if it is a Node."""
 
-    __slots__ = ("owner", "watched", "ids", "types", "children")
+    __slots__ = (
+        "owner",
+        "watched",
+        "ids",
+        "types",
+        "children",
+        "keys",
+        "holds_container",
+        "variables",
+    )
 
-    def __init__(self, container: Any, is_node: bool, values: tuple):
+    def __init__(self, container: Any, is_node: bool, keys: tuple, values: tuple):
         self.owner = weakref.ref(container) if is_node else None
+        # A list, tuple or dict of variables only (a Module's list of parameters) is compared
+        # by identity with the variables themselves, which it holds: alive, none can share
+        # an id with another object, and no type need be compared.
+        all_variables = not is_node and all(type(value) is Variable for value in values)
+        self.variables = values if all_variables else None
         watched = tuple(i for i, value in enumerate(values) if isinstance(value, _LOOKED_AT))
         self.watched = None if len(watched) == len(values) else watched
         self.ids = _watched_ids(values, self.watched)
         self.types = tuple(map(type, values))
-        self.children: list[tuple[int, _Record]] = []
+        self.children: list[tuple[int, Any, _Record]] = []
+        self.keys = keys  # the attribute names, for a Node, in the order of ``types``
+        self.holds_container = False  # whether a list, tuple or dict is at or below it
 
 
+_is = operator.is_
 # What `walk` looks at: the values whose ids a `Structure` compares (a value of another type
 # is none of these while its type stays).
 _LOOKED_AT = (Variable, Node, *CONTAINERS)
@@ -386,31 +435,69 @@ def _watched_ids(values: tuple, watched: tuple[int, ...] | None) -> tuple[int, .
     return tuple(map(id, values if watched is None else map(values.__getitem__, watched)))
 
 
+def _values(record: _Record, container: Any) -> tuple | None:
+    """The values ``container`` holds now, if it holds what ``record`` says it held; else
+    None."""
+    if record.owner is not None:
+        values = tuple(vars(container).values())
+    elif isinstance(container, dict):
+        values = tuple(container.values())
+    else:
+        values = tuple(container)
+    if record.variables is not None:
+        held = record.variables
+        return values if len(values) == len(held) and all(map(_is, values, held)) else None
+    if (
+        tuple(map(type, values)) != record.types
+        or _watched_ids(values, record.watched) != record.ids
+    ):
+        return None
+    return values
+
+
 def _matches(record: _Record, container: Any) -> bool:
     """Whether ``container`` holds what ``record`` says it held, and so on below it (an
     explicit stack, not recursion: a tree may be deeper than Python's recursion limit)."""
     pending = [(record, container)]
     while pending:
         record, container = pending.pop()
+        if record.owner is not None and record.owner() is not container:
+            return False  # another Node, perhaps at the address of a freed one
+        values = _values(record, container)
+        if values is None:
+            return False
+        pending += [(child, values[position]) for position, _, child in record.children]
+    return True
+
+
+def _containers_match(record: _Record, node: Any) -> bool:
+    """`_matches` while no Module attribute it watches changed: the Nodes' attributes hold
+    what they held, so only the containers below are compared, and the Nodes on the way
+    only by identity (a container may now hold another Node at a freed one's address)."""
+    pending = [(record, node)]
+    while pending:
+        record, container = pending.pop()
         if record.owner is not None:
             if record.owner() is not container:
-                return False  # another Node, perhaps at the address of a freed one
-            values = tuple(vars(container).values())
-        elif isinstance(container, dict):
-            values = tuple(container.values())
-        else:
-            values = tuple(container)
-        if (
-            tuple(map(type, values)) != record.types
-            or _watched_ids(values, record.watched) != record.ids
-        ):
+                return False
+            attributes = vars(container)
+            pending += [
+                (child, attributes.get(key))
+                for _, key, child in record.children
+                if child.holds_container
+            ]
+            continue
+        values = _values(record, container)
+        if values is None:
             return False
-        pending += [(child, values[position]) for position, child in record.children]
+        pending += [(child, values[position]) for position, _, child in record.children]
     return True
 
 
 def variables_and_structure(node: Node) -> tuple[tuple[Variable, ...], Structure]:
     """Returns the variables below ``node`` and the `Structure` they were found through."""
     containers: list[Any] = []
+    epoch = STATE.attribute_epoch  # read first: a change during the walk moves it
     found, _ = walk(node, paths=False, containers=containers)
-    return tuple(item for _, item in found if isinstance(item, Variable)), Structure(containers)
+    variables = tuple(item for _, item in found if isinstance(item, Variable))
+    return variables, Structure(containers, epoch)

@@ -7,7 +7,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .._cell.tree import Node, label, named_variables, walk
+from .._cell.tree import CONTAINERS, Node, label, named_variables, walk
 from .._cell.variable import Variable
 from .._state import STATE
 from .pytree import register_module
@@ -124,9 +124,13 @@ class Module(Node):
         existed = name in self.__dict__
         old = self.__dict__.get(name)
         super().__setattr__(name, value)
-        if existed and old is not value:
-            # A compiled step traced before may read what was there: see `ProcessState.stale`.
-            _record_change(old, value)
+        if old is not value or not existed:
+            if not existed or isinstance(value, _WATCHED) or isinstance(old, _WATCHED):
+                STATE.record_attribute_change()  # see `Structure`
+            if existed:
+                # A compiled step traced before may read what was there: see
+                # `ProcessState.stale`.
+                _record_change(old, value)
         if isinstance(value, (Variable, Module, list, tuple, dict)):
             # Unnamed variables are known by their path as soon as they are assigned: a
             # layer's by "kernel", then by "layers/0/kernel" once the model holds the layer.
@@ -139,6 +143,7 @@ class Module(Node):
     def __delattr__(self, name: str) -> None:
         old = self.__dict__.get(name)
         super().__delattr__(name)
+        STATE.record_attribute_change()  # see `Structure`
         _record_change(old, None)
 
     def named_variables(self) -> dict[str, Variable]:
@@ -253,6 +258,9 @@ def _record_change(old: Any, new: Any) -> None:
 
 # What `_variables_in` looks into, besides an Optimizer (``_statevar_variables``).
 _HOLDERS = (Variable, Node, list, tuple, dict)
+# What a `Structure` watches: a Module attribute that held or holds one of these moves
+# `ProcessState.attribute_epoch` when set.
+_WATCHED = (Variable, Node, *CONTAINERS)
 
 
 def _variables_in(value: Any) -> dict[int, Variable]:

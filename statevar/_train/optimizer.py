@@ -32,11 +32,11 @@ from .._errors import caller_stacklevel
 from .._tracing import frames as _frames
 from .optimizer_state import (
     check_gradient_dtype,
+    check_gradient_shape,
     find_learning_rate,
     home_of,
     is_key,
     placed_gradient,
-    shape_of,
     state_layout,
     state_names,
     state_placements,
@@ -117,7 +117,7 @@ class Optimizer:
         self._full_structure: Any = None
         self._sequence_type: type | None = None
         self._keys: tuple[Any, ...] | None = None
-        self._shapes: list[tuple[int, ...]] = []
+        self._array_types: frozenset[type] = frozenset()
         self._spread = False
         # The Module the Optimizer was built for (weakly) and how its variables were found:
         # `apply` refuses to update variables the Module no longer holds.
@@ -219,7 +219,8 @@ class Optimizer:
         if flat_dict and len(self._leaves) == len(self._params) == len(tree):
             key_of = {id(variable): key for key, variable in tree.items()}
             self._keys = tuple(key_of[id(v)] for v in self._leaves)
-        self._shapes = [v.shape for v in self._params]
+        # The types of the variables' arrays: gradients all of them take `apply`'s fast path.
+        self._array_types = frozenset(type(v._value) for v in self._params)
         self._spread = any(is_multi_device(v.sharding) for v in self._params)
         self._built = True
 
@@ -405,7 +406,7 @@ class Optimizer:
         # its shape (an abstract value's: None, a Variable or a NumPy array has none, and
         # takes the general path), and every other slot holds None.
         flat = None
-        if type(grads) is self._sequence_type and len(grads) == len(self._shapes):
+        if type(grads) is self._sequence_type and len(grads) == len(self._params):
             flat = grads  # for a list of variables, a list of arrays: nothing to flatten
         elif type(grads) is dict and self._keys is not None and len(grads) == len(self._keys):
             flat = list(map(grads.get, self._keys))  # a key missing gives None: general path
@@ -413,14 +414,11 @@ class Optimizer:
             leaves, structure = jax.tree.flatten(grads)
             if structure == self._full_structure:
                 flat = leaves
-        if flat is not None:
-            try:
-                shapes = list(map(shape_of, flat))
-            except AttributeError:
-                shapes = None
-            if shapes == self._shapes:
-                self._apply_flat(flat, extra_args)
-                return
+        if flat is not None and self._array_types.issuperset(map(type, flat)):
+            # Arrays of the variables' own type (no None, no Variable, no NumPy array): their
+            # shapes and dtypes are checked as the update traces, once per signature.
+            self._apply_flat(flat, extra_args)
+            return
         self._apply_structured(grads, extra_args)
 
     def _apply_structured(self, grads: Any, extra_args: dict[str, Any]) -> None:
@@ -535,11 +533,7 @@ class Optimizer:
                     f"Expected an array gradient for Variable '{variable.name}', got "
                     f"{type(gradient).__name__}"
                 )
-            if tuple(gradient.shape) != variable.shape:
-                raise ValueError(
-                    f"Gradient for Variable '{variable.name}' has shape {tuple(gradient.shape)}, "
-                    f"expected the variable's shape {variable.shape}"
-                )
+            check_gradient_shape(variable, gradient)
         if not by_variable:
             return  # nothing to update: not even a step to count
         self._apply_flat([by_variable.get(v) for v in self._params], extra_args)
@@ -555,9 +549,11 @@ class Optimizer:
         self._compiled_apply(*flat, **extra_args)
 
     def _apply_traced(self, *grads: Any, **extra_args: Any) -> None:
-        # Checked as the update traces (again for each new signature), so free per step.
+        # Checked as the update traces (again for each new signature), so free per step;
+        # nothing runs, and nothing is donated, when one is refused.
         for variable, gradient in zip(self._params, grads, strict=True):
             if gradient is not None:
+                check_gradient_shape(variable, gradient)
                 check_gradient_dtype(variable, gradient)
         names = self._param_names
         params = {name: v.value for name, v in zip(names, self._params, strict=True)}

@@ -8,7 +8,6 @@ under such a dict belongs to one parameter, and is named after it
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -216,9 +215,14 @@ def check_gradient_dtype(variable: Variable, gradient: Any) -> None:
         )
 
 
-# A jax.Array's shape through its abstract value, in C (``Array.shape`` is a Python
-# property); a gradient without one (a NumPy array) takes the general path of `apply`.
-shape_of = operator.attrgetter("aval.shape")
+def check_gradient_shape(variable: Variable, gradient: Any) -> None:
+    """Refuses a gradient of another shape than ``variable``'s: the update would broadcast
+    it, or fail inside the transformation with a message naming no variable."""
+    if tuple(gradient.shape) != variable.shape:
+        raise ValueError(
+            f"Gradient for Variable '{variable.name}' has shape {tuple(gradient.shape)}, "
+            f"expected the variable's shape {variable.shape}"
+        )
 
 
 def find_learning_rate(layout: list, state: tuple[Variable, ...]) -> tuple[Variable | None, bool]:
