@@ -274,3 +274,15 @@ def test_a_structure_compares_only_containers_while_no_module_attribute_changes(
     structure = _watched(model)
     Dense()  # a new Module elsewhere: its attributes move the epoch
     assert structure.unchanged() and structure.unchanged() and compared == [1, 1]
+
+
+def test_an_attribute_set_around_module_setattr_is_not_seen():
+    # The README's known limit: a Module's attributes are watched through its __setattr__.
+    model = Counting()
+    structure = _watched(model)
+
+    vars(model)["calls"] = statevar.Variable(1.0)
+    assert structure.unchanged()
+
+    model.calls = statevar.Variable(2.0)  # through Module.__setattr__: seen
+    assert not structure.unchanged()
