@@ -347,14 +347,15 @@ class Structure:
     - Otherwise, every container is compared, from the Node down (`_matches`); when all
       still match, the structure takes the epoch it was compared in.
 
-    A container of variables only is compared by identity with the variables it held;
-    any other by the ids and types of the values it holds now against those it held. An id can be taken again only by an object of another type (caught by the
-    types), a Node (caught by the weak reference its record holds), a container (whose
-    values are compared in turn) or an object the walk does not look at; the variables
-    themselves are held by what the structure serves (a compiled entry, an Optimizer).
-    Only the ids of what the walk looks at (variables, Nodes, containers) are compared: a
-    Python counter or an array attribute that changes every step changes no variable
-    found, and its type still shows one that became a variable or a container.
+    A container of variables only is compared by identity with the variables it held; any
+    other by the ids and types of the values it holds now against those it held. An id can
+    be taken again only by an object of another type (caught by the types), a Node (caught
+    by the weak reference its record holds), a container (whose values are compared in
+    turn) or an object the walk does not look at; the variables themselves are held by what
+    the structure serves (a compiled entry, an Optimizer). Only the ids of what the walk
+    looks at (variables, Nodes, containers) are compared: a Python counter or an array
+    attribute that changes every step changes no variable found, and its type still shows
+    one that became a variable or a container.
     """
 
     __slots__ = ("_root", "_epoch")

@@ -402,9 +402,9 @@ class Optimizer:
             self._warn_missing(by_name)
             self._run(by_name, extra_args)
             return
-        # The common cases, checked in C: every optimized variable has an array gradient of
-        # its shape (an abstract value's: None, a Variable or a NumPy array has none, and
-        # takes the general path), and every other slot holds None.
+        # The common cases, checked in C: every optimized variable has a gradient that is an
+        # array of the variables' own type (None, a Variable or a NumPy array takes the
+        # general path), and every other slot holds None.
         flat = None
         if type(grads) is self._sequence_type and len(grads) == len(self._params):
             flat = grads  # for a list of variables, a list of arrays: nothing to flatten
