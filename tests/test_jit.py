@@ -1654,3 +1654,19 @@ def test_a_debug_callback_in_a_warm_step_may_update_a_variable_the_step_does_not
         jax.effects_barrier()
     assert float(holder.seen) == 9.0
     chex.assert_trees_all_equal(w.value, jnp.full(3, 3.0))
+
+
+def test_closure_discovery_passes_over_unhashable_values():
+    # An array is weakly referenceable but unhashable: asking whether it is a compiled
+    # function must answer no, not raise.
+    scale = jnp.ones(2)
+    w = statevar.Variable(jnp.zeros(2))
+
+    @statevar.jit
+    def step():
+        w.assign_add(scale)
+
+    step()
+    step()
+
+    chex.assert_trees_all_equal(w.value, jnp.full(2, 2.0))

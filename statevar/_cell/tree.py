@@ -416,7 +416,7 @@ class _Record:
         # an id with another object, and no type need be compared.
         all_variables = not is_node and all(type(value) is Variable for value in values)
         self.variables = values if all_variables else None
-        watched = tuple(i for i, value in enumerate(values) if isinstance(value, _LOOKED_AT))
+        watched = tuple(i for i, value in enumerate(values) if isinstance(value, LOOKED_AT))
         self.watched = None if len(watched) == len(values) else watched
         self.ids = _watched_ids(values, self.watched)
         self.types = tuple(map(type, values))
@@ -427,8 +427,9 @@ class _Record:
 
 _is = operator.is_
 # What `walk` looks at: the values whose ids a `Structure` compares (a value of another type
-# is none of these while its type stays).
-_LOOKED_AT = (Variable, Node, *CONTAINERS)
+# is none of these while its type stays), and a Module attribute holding one of which, when
+# set, moves `ProcessState.attribute_epoch`.
+LOOKED_AT = (Variable, Node, *CONTAINERS)
 
 
 def _watched_ids(values: tuple, watched: tuple[int, ...] | None) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .._cell.tree import CONTAINERS, Node, label, named_variables, walk
+from .._cell.tree import LOOKED_AT, Node, label, named_variables, walk
 from .._cell.variable import Variable
 from .._state import STATE
 from .pytree import register_module
@@ -125,13 +125,13 @@ class Module(Node):
         old = self.__dict__.get(name)
         super().__setattr__(name, value)
         if old is not value or not existed:
-            if not existed or isinstance(value, _WATCHED) or isinstance(old, _WATCHED):
+            if not existed or isinstance(value, LOOKED_AT) or isinstance(old, LOOKED_AT):
                 STATE.record_attribute_change()  # see `Structure`
             if existed:
                 # A compiled step traced before may read what was there: see
                 # `ProcessState.stale`.
                 _record_change(old, value)
-        if isinstance(value, (Variable, Module, list, tuple, dict)):
+        if isinstance(value, LOOKED_AT):
             # Unnamed variables are known by their path as soon as they are assigned: a
             # layer's by "kernel", then by "layers/0/kernel" once the model holds the layer.
             found, reached_self = walk(self, ((name, value),))
@@ -256,19 +256,13 @@ def _record_change(old: Any, new: Any) -> None:
         STATE.record_structure_change(let_go, added)
 
 
-# What `_variables_in` looks into, besides an Optimizer (``_statevar_variables``).
-_HOLDERS = (Variable, Node, list, tuple, dict)
-# What a `Structure` watches: a Module attribute that held or holds one of these moves
-# `ProcessState.attribute_epoch` when set.
-_WATCHED = (Variable, Node, *CONTAINERS)
-
-
 def _variables_in(value: Any) -> dict[int, Variable]:
     """The variables ``value`` holds, by id: itself, those below it if it is a Node or an
     Optimizer (``_statevar_variables``), and those in lists, tuples and dicts, at any
     depth."""
     found: dict[int, Variable] = {}
-    if not isinstance(value, _HOLDERS) and not hasattr(type(value), "_statevar_variables"):
+    # It looks into what `walk` looks at, and an Optimizer (``_statevar_variables``).
+    if not isinstance(value, LOOKED_AT) and not hasattr(type(value), "_statevar_variables"):
         return found  # a counter counting, a flag flipping: nothing to look into
     pending: list[Any] = [value]
     seen: set[int] = set()
