@@ -4,6 +4,7 @@ import copy
 import functools
 import gc
 import inspect
+import pickle
 import sys
 import threading
 import weakref
@@ -233,6 +234,16 @@ def test_a_compiled_function_looks_like_the_function_it_compiles():
     assert copy.deepcopy(compiled) is compiled  # shared by copies, as a function is
     bound = statevar.jit(_Counter()._step)
     assert copy.deepcopy(bound) is not bound  # compiles the copy (see the test below)
+
+
+@statevar.jit
+def _doubled(x):
+    return x * 2
+
+
+def test_a_compiled_function_pickles_by_reference_as_a_function_does():
+    assert pickle.loads(pickle.dumps(_doubled)) is _doubled
+    assert float(_doubled(2.0)) == 4.0
 
 
 def test_a_compiled_method_binds_to_its_instance():

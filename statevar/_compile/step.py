@@ -189,6 +189,10 @@ class Step:
     def __repr__(self) -> str:
         return f"<statevar.jit function {self.__name__}>"
 
+    def __reduce__(self) -> str:
+        """Pickled by reference, as a function is: by its module and qualified name."""
+        return self.__qualname__
+
     def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """Returns JAX's `jax.stages.Lowered` for a call with these arguments, to inspect
         (``.as_text()``, ``.compile().memory_analysis()``); runs nothing, donates nothing.
