@@ -191,7 +191,7 @@ class Step:
 
     def __reduce__(self) -> str:
         """Pickled by reference, as a function is: by its module and qualified name."""
-        return self.__qualname__
+        return vars(self).get("__qualname__", self.__name__)  # set by `wrap`
 
     def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """Returns JAX's `jax.stages.Lowered` for a call with these arguments, to inspect
