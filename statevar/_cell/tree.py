@@ -364,12 +364,14 @@ class Structure:
         """``containers``: what `walk` recorded, the Node walked first; ``epoch``: the
         `ProcessState.attribute_epoch` read before the walk."""
         records: list[_Record] = []
+        names: list[tuple] = []  # each record's keys: a Node's children are found by name
         for container, is_node, keys, values, parent, position in containers:
-            record = _Record(container, is_node, keys, values)
+            record = _Record(container, is_node, values)
             records.append(record)
+            names.append(keys)
             if parent >= 0:
                 above = records[parent]
-                key = above.keys[position] if above.owner is not None else position
+                key = names[parent][position] if above.owner is not None else position
                 above.children.append((position, key, record))
         for record in reversed(records):  # every child after its parent
             record.holds_container = record.owner is None or any(
@@ -393,8 +395,9 @@ class Structure:
 
 
 class _Record:
-    """One container of a `Structure`: the types of the values it held, the ids of those
-    the walk looks at (at ``watched``, or all of them when ``watched`` is None), the records
+    """One container of a `Structure`: the variables it held if it held only variables, else
+    the types of the values it held and the ids of those the walk looks at (at ``watched``,
+    or all of them when ``watched`` is None); the records
     of the containers among them it was looked into through (by position, and by
     attribute name below a Node), and a weak reference to it if it is a Node."""
 
@@ -404,24 +407,26 @@ class _Record:
         "ids",
         "types",
         "children",
-        "keys",
         "holds_container",
         "variables",
     )
 
-    def __init__(self, container: Any, is_node: bool, keys: tuple, values: tuple):
+    def __init__(self, container: Any, is_node: bool, values: tuple):
         self.owner = weakref.ref(container) if is_node else None
+        self.children: list[tuple[int, Any, _Record]] = []
         # A list, tuple or dict of variables only (a Module's list of parameters) is compared
         # by identity with the variables themselves, which it holds: alive, none can share
-        # an id with another object, and no type need be compared.
+        # an id with another object, and no id or type need be compared.
         all_variables = not is_node and all(type(value) is Variable for value in values)
         self.variables = values if all_variables else None
-        watched = tuple(i for i, value in enumerate(values) if isinstance(value, LOOKED_AT))
-        self.watched = None if len(watched) == len(values) else watched
-        self.ids = _watched_ids(values, self.watched)
-        self.types = tuple(map(type, values))
-        self.children: list[tuple[int, Any, _Record]] = []
-        self.keys = keys  # the attribute names, for a Node, in the order of ``types``
+        self.watched: tuple[int, ...] | None = None
+        self.ids: tuple[int, ...] = ()
+        self.types: tuple[type, ...] = ()
+        if not all_variables:
+            watched = tuple(i for i, v in enumerate(values) if isinstance(v, LOOKED_AT))
+            self.watched = None if len(watched) == len(values) else watched
+            self.ids = _watched_ids(values, self.watched)
+            self.types = tuple(map(type, values))
         self.holds_container = False  # whether a list, tuple or dict is at or below it
 
 
