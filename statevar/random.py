@@ -45,8 +45,9 @@ class Generator(Module):
     inside `statevar.jit` (a compiled step draws anew at every call, without a key
     argument), inside ``jax.lax.scan`` (each iteration draws anew) and ``jax.lax.cond``
     (only a taken branch advances the key). The same seed gives the same stream eagerly and
-    compiled, and a draw inside a ``lax.scan`` of ``n`` steps gives what ``n`` eager draws
-    give.
+    compiled (the same keys and bits; a value scaled or shifted, ``mean + stddev * z``, may
+    differ in its last bit where XLA fuses the arithmetic with the rest of the step), and a
+    draw inside a ``lax.scan`` of ``n`` steps gives what ``n`` eager draws give.
 
     Make one with ``Generator(seed)``, `from_seed`, `from_key` or
     `from_non_deterministic_state`. The draws take TensorFlow's arguments, shape first:

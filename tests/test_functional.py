@@ -250,5 +250,7 @@ def test_stateless_call_with_an_optimizer_trains_a_copy_of_the_values():
     _, after = statevar.stateless_call(step, target, before)
     step()
 
-    chex.assert_trees_all_equal(after, statevar.read_values(target))
+    # Equal to rounding: the call runs the update op by op, step() compiles it, and XLA may
+    # fuse the arithmetic differently (one ulp apart on jax 0.12.1).
+    chex.assert_trees_all_close(after, statevar.read_values(target), rtol=1e-6, atol=0)
     assert not np.allclose(after[0]["layers/0/kernel"], before[0]["layers/0/kernel"])

@@ -72,8 +72,10 @@ def _is_interrupt(error):
     holding its traceback (see
     `test_jax_reports_an_interrupt_in_a_cache_key_compare_as_a_value_error`).
     """
-    return isinstance(error, KeyboardInterrupt) or isinstance(error, ValueError) and (
-        isinstance(error.__cause__, KeyboardInterrupt) or "\nKeyboardInterrupt" in str(error)
+    return (
+        isinstance(error, KeyboardInterrupt)
+        or isinstance(error, ValueError)
+        and (isinstance(error.__cause__, KeyboardInterrupt) or "\nKeyboardInterrupt" in str(error))
     )
 
 
@@ -414,7 +416,7 @@ def test_a_ctrl_c_ending_a_first_call_that_commits_a_variable_closes_its_hot_pat
     monkeypatch, general_path
 ):
     v, one = _on_the_hot_path("assign_add")
-    pinned = jax.sharding.SingleDeviceSharding(v.device)
+    pinned = jax.sharding.make_single_device_sharding(v.device)
 
     @statevar.jit
     def step():

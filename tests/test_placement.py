@@ -401,7 +401,7 @@ def test_a_variable_committed_between_calls_makes_the_next_call_a_first_call(fir
 
 def test_a_step_that_commits_what_it_computes_runs_its_next_call_as_a_first_call(first_calls):
     v = statevar.Variable(jnp.zeros(2), name="v")
-    pin = jax.sharding.SingleDeviceSharding(_DEFAULT)
+    pin = jax.sharding.make_single_device_sharding(_DEFAULT)
 
     @statevar.jit
     def step(x):

@@ -48,7 +48,12 @@ def test_the_stream_is_the_same_eagerly_and_compiled_and_new_at_each_step(draw):
     compiled_draws = [as_numbers(step(compiled)) for _ in range(3)]
 
     for got, expected in zip(compiled_draws, eager_draws, strict=True):
-        np.testing.assert_array_equal(got, expected)
+        if np.issubdtype(got.dtype, np.floating):
+            # The same bits; the arithmetic on them may round apart by an ulp where XLA
+            # fuses it with the step (mean + stddev * z, on jax 0.12.1).
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)
+        else:
+            np.testing.assert_array_equal(got, expected)
     assert not np.array_equal(eager_draws[0], eager_draws[1])
     assert not np.array_equal(eager_draws[1], eager_draws[2])
     np.testing.assert_array_equal(key_data(compiled), key_data(eager))

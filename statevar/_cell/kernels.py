@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -145,8 +145,19 @@ def _pinned(operation: Operation, sharding: Sharding) -> Callable[..., jax.Array
             index = rebuild_index(static, dynamic)
             unsharded = jax.ShapeDtypeStruct(old.shape, old.dtype)
             part = _fit(value, jax.eval_shape(lambda x: x[index], unsharded))
-            if explicit:  # a scatter's result sharding must be given on Explicit axes
-                return old.at[index].set(part, out_sharding=sharding)
+            if explicit:
+                # On Explicit axes JAX's scatter shards the value as the slice it replaces,
+                # which jax 0.12.1 rejects for a slice narrower than its mesh axis (rows
+                # 2:4 over 4 shards): scattered on Auto axes, the result given the sharding.
+                def scatter(old: jax.Array, part: jax.Array) -> jax.Array:
+                    return old.at[index].set(part)
+
+                # (auto_axes returns a decorator when given no function: cast to the call)
+                on_auto = cast(
+                    Callable[..., jax.Array],
+                    jax.sharding.auto_axes(scatter, out_sharding=sharding),
+                )
+                return on_auto(old, part)
             return pin(old.at[index].set(part), sharding)
 
         return set_item

@@ -21,11 +21,11 @@ from jax.sharding import (
     NamedSharding,
     PartitionSpec,
     Sharding,
-    SingleDeviceSharding,
 )
 
 from .._errors import PlacementError
 from .._state import STATE
+from .._tracing import jax_internals as _jax_internals
 from .cell import Cell
 
 # jax.Device is a class at run time, but jaxlib ships no stub for it and pyright reads the
@@ -403,7 +403,7 @@ def _check_spec(
 
 def is_multi_device(sharding: Sharding) -> bool:
     """Whether a variable of this sharding is pinned to it (anything but one device)."""
-    return not isinstance(sharding, SingleDeviceSharding)
+    return not _jax_internals.is_single_device(sharding)
 
 
 def replicated(sharding: Sharding) -> Sharding:

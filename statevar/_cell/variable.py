@@ -28,6 +28,7 @@ from .._errors import (
 from .._signals import held_signals
 from .._state import STATE
 from .._tracing import frames as _frames
+from .._tracing import jax_internals as _jax_internals
 from . import copies as _copies
 from . import creation as _creation
 from . import kernels as _kernels
@@ -395,7 +396,7 @@ class Variable(RefusedInPlace, Readable):
         if isinstance(sharding, str):  # "cpu:2", as device= takes it
             sharding = _placement.resolve(sharding, what=f"Variable '{self.name}'")
         if isinstance(sharding, jax.Device):
-            target: jax.sharding.Sharding = jax.sharding.SingleDeviceSharding(sharding)
+            target: jax.sharding.Sharding = _jax_internals.single_device_sharding(sharding)
         else:
             target = _placement.resolve_sharding(
                 sharding, self.shape, f"Cannot reshard Variable '{self.name}'"

@@ -21,9 +21,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
+from jax import sharding as _sharding
+
 # `jax.extend` and `jax.interpreters` are JAX's surface for libraries built on its internals:
-# stable in name, not in behaviour (tested on jax 0.10.2, 0.11.2 and 0.12.0.1). No public API
-# exposes the trace stack or defines a primitive.
+# stable in name, not in behaviour (tested on jax 0.10.2, 0.11.2, 0.12.0.1 and 0.12.1). No
+# public API exposes the trace stack or defines a primitive.
 from jax.extend import core as _core
 from jax.interpreters import ad as _ad
 from jax.interpreters import batching as _batching
@@ -40,7 +42,7 @@ def current_trace() -> Any:
     """The innermost trace JAX is tracing at (its eval trace outside any transformation).
 
     For: walking the transformations nested inside a statevar trace frame. Public
-    replacement: none (flax nnx reads the same stack). Tested on jax 0.10.2 to 0.12.0.1.
+    replacement: none (flax nnx reads the same stack). Tested on jax 0.10.2 to 0.12.1.
     """
     return _core.find_top_trace(())
 
@@ -69,7 +71,7 @@ def enclosing_trace(trace: Any) -> Any | None:
     the field: then no enclosing transformation is seen, as outside any).
 
     For: walking from the innermost trace out to a frame's. Public replacement: none.
-    Tested on jax 0.10.2 to 0.12.0.1 (``Trace.parent_trace``).
+    Tested on jax 0.10.2 to 0.12.1 (``Trace.parent_trace``).
     """
     return getattr(trace, "parent_trace", None)
 
@@ -81,7 +83,7 @@ def transformation_of(trace: Any) -> str | None:
 
     For: refusing assignments JAX cannot carry out (in a custom_jvp function, a while loop
     whose cond_fun reads the variable) and knowing which functions run once. Public
-    replacement: none. Tested on jax 0.10.2 to 0.12.0.1 (``DynamicJaxprTrace.frame
+    replacement: none. Tested on jax 0.10.2 to 0.12.1 (``DynamicJaxprTrace.frame
     .debug_info.traced_for``).
     """
     debug_info = getattr(getattr(trace, "frame", None), "debug_info", None)
@@ -94,7 +96,7 @@ def is_escaped_tracer(tracer: Any) -> bool:
 
     For: naming the variable an escaped tracer is assigned to, where JAX would refuse it only
     once the step's trace ends, naming none. Public replacement: none (JAX raises
-    `jax.errors.UnexpectedTracerError` later). Tested on jax 0.10.2 to 0.12.0.1
+    `jax.errors.UnexpectedTracerError` later). Tested on jax 0.10.2 to 0.12.1
     (``Tracer._trace``); a JAX without the field leaves it to JAX's own error.
     """
     own = getattr(tracer, "_trace", None)
@@ -110,7 +112,7 @@ def is_escaped_tracer(tracer: Any) -> bool:
 
 # The trace classes of differentiation and batching, by name (`jax.interpreters.ad.JVPTrace`
 # and `jax.interpreters.batching.BatchTrace` are not public API). Tested on jax 0.10.2 to
-# 0.12.0.1.
+# 0.12.1.
 _DIFFERENTIATING_TRACES = frozenset({"JVPTrace", "LinearizeTrace"})
 _BATCHING_TRACES = frozenset({"BatchTrace"})
 
@@ -140,7 +142,7 @@ def is_cached_kind(trace: Any) -> bool:
 
 # The Python functions through which JAX traces a function to a jaxpr, caching the trace by
 # that function, which they hold in their local ``fun``: ``trace_to_jaxpr`` in jax 0.10.2,
-# the ``trace_to_jaxpr_nocache`` its cache wraps in jax 0.11.2 and 0.12.0.1. Public
+# the ``trace_to_jaxpr_nocache`` its cache wraps in jax 0.11.2, 0.12.0.1 and 0.12.1. Public
 # replacement: none (JAX does not tell which functions it has cached traces of).
 TRACING_FUNCTION_NAMES = frozenset({"trace_to_jaxpr", "trace_to_jaxpr_nocache"})
 
@@ -171,7 +173,7 @@ def jaxpr_as_fun(closed_jaxpr: Any) -> Callable[..., list[Any]]:
 
     For: running a traced initial value under a sharding found from its traced shape,
     without calling the user's function again. Public replacement: none (``jax.core
-    .jaxpr_as_fun`` is deprecated). Tested on jax 0.10.2 to 0.12.0.1.
+    .jaxpr_as_fun`` is deprecated). Tested on jax 0.10.2 to 0.12.1.
     """
     return _core.jaxpr_as_fun(closed_jaxpr)
 
@@ -191,8 +193,31 @@ def _commitment_attribute() -> str:
 # ``getattr(argument, COMMITTED_ATTRIBUTE, False)`` for every argument of a warm compiled
 # call whose variables are placed nowhere. ``jax.Array.committed`` is a Python property
 # returning JAX's C++ ``_committed``: a Python call for each argument. Public replacement:
-# ``committed``, used if a JAX release drops ``_committed``. Tested on jax 0.10.2 to 0.12.0.1.
+# ``committed``, used if a JAX release drops ``_committed``. Tested on jax 0.10.2 to 0.12.1.
 COMMITTED_ATTRIBUTE = _commitment_attribute()
+
+
+# ------------------------------------------------------------------------- one-device shardings
+
+
+def single_device_sharding(device: Any) -> Any:
+    """The sharding placing an array whole on ``device``: ``jax.sharding.SingleDeviceSharding``
+    until JAX 0.12.1 deprecated naming that class for `make_single_device_sharding` (public
+    from jax 0.10.2), which may return a `NamedSharding` on a one-device mesh in a later
+    release."""
+    return _sharding.make_single_device_sharding(device)
+
+
+def is_single_device(sharding: Any) -> bool:
+    """Whether ``sharding`` is what `single_device_sharding` makes. JAX 0.12.1's
+    ``is_single_device_sharding`` replaces the ``isinstance`` check it deprecates; before it,
+    the class itself is public and undeprecated (jax 0.10.2 to 0.12.0)."""
+    if _is_single_device_sharding is not None:
+        return _is_single_device_sharding(sharding)
+    return isinstance(sharding, _sharding.SingleDeviceSharding)
+
+
+_is_single_device_sharding = getattr(_sharding, "is_single_device_sharding", None)
 
 
 # ------------------------------------------------------------------------------ reach probe
