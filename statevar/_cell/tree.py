@@ -480,7 +480,11 @@ def _matches(record: _Record, container: Any) -> bool:
 def _containers_match(record: _Record, node: Any) -> bool:
     """`_matches` while no Module attribute it watches changed: the Nodes' attributes hold
     what they held, so only the containers below are compared, and the Nodes on the way
-    only by identity (a container may now hold another Node at a freed one's address)."""
+    only by identity (a container may now hold another Node at a freed one's address).
+
+    Runs before every eager update of an Optimizer: written as loops, with a container of
+    variables only compared in place, it makes no Python call but `_values` for the
+    others."""
     pending = [(record, node)]
     while pending:
         record, container = pending.pop()
@@ -488,16 +492,21 @@ def _containers_match(record: _Record, node: Any) -> bool:
             if record.owner() is not container:
                 return False
             attributes = vars(container)
-            pending += [
-                (child, attributes.get(key))
-                for _, key, child in record.children
-                if child.holds_container
-            ]
+            for _, key, child in record.children:
+                if child.holds_container:
+                    pending.append((child, attributes.get(key)))
+            continue
+        held = record.variables
+        if held is not None:  # a list, tuple or dict of variables only: no child below
+            values = tuple(container.values() if isinstance(container, dict) else container)
+            if len(values) != len(held) or not all(map(_is, values, held)):
+                return False
             continue
         values = _values(record, container)
         if values is None:
             return False
-        pending += [(child, values[position]) for position, _, child in record.children]
+        for position, _, child in record.children:
+            pending.append((child, values[position]))
     return True
 
 

@@ -29,6 +29,7 @@ from .._cell.tree import (
 from .._cell.variable import Variable
 from .._compile.jit import jit
 from .._errors import caller_stacklevel
+from .._state import STATE
 from .._tracing import frames as _frames
 from .optimizer_state import (
     check_gradient_dtype,
@@ -539,7 +540,7 @@ class Optimizer:
         self._apply_flat([by_variable.get(v) for v in self._params], extra_args)
 
     def _apply_flat(self, flat: list[Any], extra_args: dict[str, Any]) -> None:
-        if _frames.innermost() is not None:
+        if STATE.open_trace_frames and _frames.innermost() is not None:
             self._apply_traced(*flat, **extra_args)
             return
         if self._spread:
