@@ -188,6 +188,7 @@ def test_a_bad_module_name_is_refused(name, error, match):
 class Parts(statevar.Module):
     def __init__(self):
         self.by_name = {"first": Dense(), "second": Dense(3, 1)}
+        self.tables = {"a": statevar.Variable(1.0), "b": statevar.Variable(2.0)}  # variables only
 
 
 class Counting(statevar.Module):
@@ -196,6 +197,7 @@ class Counting(statevar.Module):
         self.calls = 0  # changes every step: no variable is found through it
         self.scale = jnp.ones(2)
         self.parts = Parts()  # a dict below a sub-Module
+        self.weights = [statevar.Variable(1.0), statevar.Variable(2.0)]  # variables only
 
 
 def _watched(module):
@@ -219,6 +221,15 @@ CHANGES_WHAT_IS_FOUND = {
         first=m.parts.by_name["second"], second=m.parts.by_name["first"]
     ),
     "a sub-Module's dict is replaced": lambda m: setattr(m.parts, "by_name", {}),
+    "a list of variables has one replaced": lambda m: m.weights.__setitem__(
+        0, statevar.Variable(1.0)
+    ),
+    "a list of variables grows": lambda m: m.weights.append(statevar.Variable(3.0)),
+    "a list of variables swaps two": lambda m: m.weights.reverse(),
+    "a dict of variables swaps two": lambda m: m.parts.tables.update(
+        a=m.parts.tables["b"], b=m.parts.tables["a"]
+    ),
+    "a dict of variables loses one": lambda m: m.parts.tables.pop("b"),
     "an attribute is added": lambda m: setattr(m, "extra", 1),
     "an attribute is deleted": lambda m: delattr(m, "scale"),
 }
