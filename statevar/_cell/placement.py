@@ -321,6 +321,14 @@ def _describe_spec(spec: Any) -> str:
     return repr(spec)
 
 
+def reshard_target(spec: Any, shape: tuple[int, ...], action: str) -> Sharding:
+    """What a variable's ``reshard`` takes, as a Sharding: a `jax.Device` (the whole array
+    on it), or any spec `resolve_sharding` takes (and raises for)."""
+    if isinstance(spec, jax.Device):
+        return _jax_internals.single_device_sharding(spec)
+    return resolve_sharding(spec, shape, action)
+
+
 def resolve_sharding(
     spec: Any, shape: tuple[int, ...], action: str, mesh: Mesh | None = None
 ) -> Sharding:

@@ -28,7 +28,6 @@ from .._errors import (
 from .._signals import held_signals
 from .._state import STATE
 from .._tracing import frames as _frames
-from .._tracing import jax_internals as _jax_internals
 from . import copies as _copies
 from . import creation as _creation
 from . import kernels as _kernels
@@ -395,12 +394,9 @@ class Variable(RefusedInPlace, Readable):
         """
         if isinstance(sharding, str):  # "cpu:2", as device= takes it
             sharding = _placement.resolve(sharding, what=f"Variable '{self.name}'")
-        if isinstance(sharding, jax.Device):
-            target: jax.sharding.Sharding = _jax_internals.single_device_sharding(sharding)
-        else:
-            target = _placement.resolve_sharding(
-                sharding, self.shape, f"Cannot reshard Variable '{self.name}'"
-            )
+        target = _placement.reshard_target(
+            sharding, self.shape, f"Cannot reshard Variable '{self.name}'"
+        )
         if STATE.open_trace_frames and _frames.innermost() is not None:
             raise TraceContextError(
                 f"Cannot reshard Variable '{self.name}' inside statevar.jit or statevar.grad: "

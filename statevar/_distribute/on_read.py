@@ -40,7 +40,6 @@ from .._cell.view import register_readable
 from .._errors import DtypeMismatchError, PlacementError, ShapeMismatchError, TraceContextError
 from .._state import STATE
 from .._tracing import frames as _frames
-from .._tracing import jax_internals as _jax_internals
 from .per_replica import PerReplica
 
 _getrefcount, _SOLE_HOLDER = sys.getrefcount, _kernels.SOLE_HOLDER
@@ -467,9 +466,7 @@ class OnReadVariable(Variable, synchronization="on_read"):
           TraceContextError: inside `statevar.jit` or `statevar.grad`.
         """
         action = f"Cannot reshard Variable '{self.name}'"
-        if isinstance(sharding, jax.Device):
-            sharding = _jax_internals.single_device_sharding(sharding)
-        target = _placement.resolve_sharding(sharding, self.shape, action)
+        target = _placement.reshard_target(sharding, self.shape, action)
         placed = layout(action, target, self._aggregation)
         if STATE.open_trace_frames and _frames.innermost() is not None:
             raise TraceContextError(
