@@ -4,10 +4,12 @@ Every use of JAX that no public API offers lives here, and nowhere else in the p
 (``tests/test_import_graph.py`` pins it): the trace stack of `jax.extend.core`, the kinds and
 purposes of traces, the parent of a trace, the Python frames of JAX's tracing functions, the
 C++ attribute a concrete array says its commitment by, and the reach probe (two primitives
-of statevar's own, which `statevar.grad` learns what its loss reaches by).
+of statevar's own, which `statevar.grad` learns what its loss reaches by). Public API that
+moves between the supported releases lives here too: one-device shardings, whose class
+jax 0.12.1 deprecates naming.
 Each function says what it is for, which public API would replace it, and the JAX versions
 it is tested on (``.ci/run`` runs the suite on the oldest and the newest supported JAX:
-0.10.2 and 0.12). A JAX release that renames what a function reads makes it answer
+0.10.2 and 0.12.1). A JAX release that renames what a function reads makes it answer
 conservatively where it can (see `traced_functions`), so statevar stays correct and only
 loses speed.
 
