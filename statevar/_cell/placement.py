@@ -325,7 +325,7 @@ def reshard_target(spec: Any, shape: tuple[int, ...], action: str) -> Sharding:
     """What a variable's ``reshard`` takes, as a Sharding: a `jax.Device` (the whole array
     on it), or any spec `resolve_sharding` takes (and raises for)."""
     if isinstance(spec, jax.Device):
-        return _jax_internals.single_device_sharding(spec)
+        return jax.sharding.make_single_device_sharding(spec)
     return resolve_sharding(spec, shape, action)
 
 

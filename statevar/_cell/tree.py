@@ -482,9 +482,8 @@ def _containers_match(record: _Record, node: Any) -> bool:
     what they held, so only the containers below are compared, and the Nodes on the way
     only by identity (a container may now hold another Node at a freed one's address).
 
-    Runs before every eager update of an Optimizer: written as loops, with a container of
-    variables only compared in place, it makes no Python call but `_values` for the
-    others."""
+    Runs before every eager update of an Optimizer: written as loops, it makes no Python
+    call but `_values` for each container."""
     pending = [(record, node)]
     while pending:
         record, container = pending.pop()
@@ -495,12 +494,6 @@ def _containers_match(record: _Record, node: Any) -> bool:
             for _, key, child in record.children:
                 if child.holds_container:
                     pending.append((child, attributes.get(key)))
-            continue
-        held = record.variables
-        if held is not None:  # a list, tuple or dict of variables only: no child below
-            values = tuple(container.values() if isinstance(container, dict) else container)
-            if len(values) != len(held) or not all(map(_is, values, held)):
-                return False
             continue
         values = _values(record, container)
         if values is None:

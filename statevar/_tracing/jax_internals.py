@@ -5,8 +5,8 @@ Every use of JAX that no public API offers lives here, and nowhere else in the p
 purposes of traces, the parent of a trace, the Python frames of JAX's tracing functions, the
 C++ attribute a concrete array says its commitment by, and the reach probe (two primitives
 of statevar's own, which `statevar.grad` learns what its loss reaches by). Public API that
-moves between the supported releases lives here too: one-device shardings, whose class
-jax 0.12.1 deprecates naming.
+moves between the supported releases lives here too: recognizing a one-device sharding,
+whose class jax 0.12.1 deprecates naming.
 Each function says what it is for, which public API would replace it, and the JAX versions
 it is tested on (``.ci/run`` runs the suite on the oldest and the newest supported JAX:
 0.10.2 and 0.12.1). A JAX release that renames what a function reads makes it answer
@@ -202,18 +202,12 @@ COMMITTED_ATTRIBUTE = _commitment_attribute()
 # ------------------------------------------------------------------------- one-device shardings
 
 
-def single_device_sharding(device: Any) -> Any:
-    """The sharding placing an array whole on ``device``: ``jax.sharding.SingleDeviceSharding``
-    until JAX 0.12.1 deprecated naming that class for `make_single_device_sharding` (public
-    from jax 0.10.2), which may return a `NamedSharding` on a one-device mesh in a later
-    release."""
-    return _sharding.make_single_device_sharding(device)
-
-
 def is_single_device(sharding: Any) -> bool:
-    """Whether ``sharding`` is what `single_device_sharding` makes. JAX 0.12.1's
-    ``is_single_device_sharding`` replaces the ``isinstance`` check it deprecates; before it,
-    the class itself is public and undeprecated (jax 0.10.2 to 0.12.0)."""
+    """Whether ``sharding`` places an array whole on one device, as
+    ``jax.sharding.make_single_device_sharding`` makes it. JAX 0.12.1's
+    ``is_single_device_sharding`` replaces the ``isinstance`` check of
+    ``SingleDeviceSharding``, whose name it deprecates; before it, the class is public and
+    undeprecated (jax 0.10.2 to 0.12.0)."""
     if _is_single_device_sharding is not None:
         return _is_single_device_sharding(sharding)
     return isinstance(sharding, _sharding.SingleDeviceSharding)
