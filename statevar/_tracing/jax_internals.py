@@ -202,6 +202,10 @@ COMMITTED_ATTRIBUTE = _commitment_attribute()
 # ------------------------------------------------------------------------- one-device shardings
 
 
+# JAX 0.12.1's test of a one-device sharding; None before it.
+_is_single_device_sharding = getattr(_sharding, "is_single_device_sharding", None)
+
+
 def is_single_device(sharding: Any) -> bool:
     """Whether ``sharding`` places an array whole on one device, as
     ``jax.sharding.make_single_device_sharding`` makes it. JAX 0.12.1's
@@ -211,9 +215,6 @@ def is_single_device(sharding: Any) -> bool:
     if _is_single_device_sharding is not None:
         return _is_single_device_sharding(sharding)
     return isinstance(sharding, _sharding.SingleDeviceSharding)
-
-
-_is_single_device_sharding = getattr(_sharding, "is_single_device_sharding", None)
 
 
 # ------------------------------------------------------------------------------ reach probe
