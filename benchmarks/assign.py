@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from schedule import turns
 
 import statevar
 
@@ -109,10 +110,8 @@ def time_small(samples: int, calls: int) -> dict[str, float]:
             update()
         wait()
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    order = list(VARIANTS)
-    for sample in range(samples):
-        shift = sample % len(order)
-        for variant in order[shift:] + order[:shift]:
+    for order in turns(list(VARIANTS), samples):
+        for variant in order:
             update, wait = updates[variant]
             start = time.perf_counter()
             for _ in range(calls):
@@ -243,11 +242,9 @@ def time_large(rounds: int) -> tuple[dict[str, float], dict[str, int], str]:
     """
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     growth: dict[str, int] = {variant: 0 for variant in VARIANTS}
-    order = list(VARIANTS)
     method = ""
-    for round_index in range(rounds):
-        shift = round_index % len(order)
-        for variant in order[shift:] + order[:shift]:
+    for order in turns(list(VARIANTS), rounds):
+        for variant in order:
             child = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--child", variant],
                 capture_output=True,

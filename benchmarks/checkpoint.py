@@ -50,6 +50,7 @@ import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from assign import PeakDeviceGrowth, PeakResidentGrowth  # noqa: E402
+from schedule import turns  # noqa: E402
 
 import statevar  # noqa: E402
 
@@ -398,10 +399,8 @@ def main() -> None:
         "the write)"
     )
     results: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
-    order = list(VARIANTS)
-    for round_index in range(args.rounds):
-        shift = round_index % len(order)
-        for variant in order[shift:] + order[:shift]:
+    for order in turns(list(VARIANTS), args.rounds):
+        for variant in order:
             results[variant].append(_child(variant, args))
     if not _report(results, args) and args.check:
         sys.exit(1)

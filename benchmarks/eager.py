@@ -20,17 +20,18 @@ with 4, 32 and 96 variables (2, 16 and 48 layers, a kernel and a bias each):
   starts itself with ``--child``), after a warm-up of 5% of its calls, so JAX's own
   one-time caches are not counted.
 
-Every eager variant of every size takes its turn round after round, in a rotating order,
-each turn timing as many calls as last about as long as ``--calls-per-round`` eager
-`jax.grad` calls of the smallest model (measured after the warm-up: many calls of a cheap
-update, a few of a large gradient), the last waited for; the reported time is the median
-of the rounds' mean call times. Targets (`TARGETS`, one per row of `COMPARISONS`): the
-eager gradient and the eager update at most 1.1x pure JAX at every size, the eager step at
-most 1.5x, no compilation after warm-up, and each memory growth at most twice pure JAX's
-plus `RSS_NOISE_MIB` (RSS counts the whole process: a few MiB of allocator noise either
-way). ``--check`` exits 1 on a miss.
+Every eager variant of every size takes its turn round after round, in the order of
+`schedule.turns` (each variant runs right after each other one equally often, over a
+multiple of 42 rounds for 21 variants), each turn timing as many calls as last about as
+long as ``--calls-per-round`` eager `jax.grad` calls of the smallest model (measured after
+the warm-up: many calls of a cheap update, a few of a large gradient), the last waited
+for; the reported time is the median of the rounds' mean call times. Targets (`TARGETS`,
+one per row of `COMPARISONS`): the eager gradient and the eager update at most 1.1x pure
+JAX at every size, the eager step at most 1.5x, no compilation after warm-up, and each
+memory growth at most twice pure JAX's plus `RSS_NOISE_MIB` (RSS counts the whole process:
+a few MiB of allocator noise either way). ``--check`` exits 1 on a miss.
 
-    python benchmarks/eager.py [--rounds 30] [--calls-per-round 20] [--sizes 4 32 96] [--check]
+    python benchmarks/eager.py [--rounds 42] [--calls-per-round 14] [--sizes 4 32 96] [--check]
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from schedule import turns
 
 import statevar
 
@@ -254,10 +256,8 @@ def time_eager(
     turn = calls * per_call[min(sizes), COMPARISONS[0].baseline]
     counts = {key: max(2, round(turn / seconds)) for key, seconds in per_call.items()}
     samples: dict[Key, list[float]] = {key: [] for key in variants}
-    keys = list(variants)
-    for round_index in range(rounds):
-        shift = round_index % len(keys)
-        for key in keys[shift:] + keys[:shift]:
+    for order in turns(list(variants), rounds):
+        for key in order:
             before = counter.count
             samples[key].append(timed_calls(variants[key], counts[key]))
             compilations[key] += counter.count - before
@@ -378,8 +378,8 @@ def report_eager(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--calls-per-round", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=42)
+    parser.add_argument("--calls-per-round", type=int, default=14)
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="numbers of variables")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     parser.add_argument("--child", nargs=2, metavar=("LOOP", "VARIANT"), help=argparse.SUPPRESS)

@@ -44,6 +44,7 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step  # noqa: E402  (the same models as the per-step benchmark)
 from assign import PeakResidentGrowth  # noqa: E402
+from schedule import turns  # noqa: E402
 
 import statevar  # noqa: E402
 
@@ -193,10 +194,8 @@ def in_fresh_processes(
 ) -> dict[str, list[dict]]:
     """Runs ``case`` for each variant in ``processes`` fresh processes each, taking turns."""
     results: dict[str, list[dict]] = {variant: [] for variant in variants}
-    order = list(variants)
-    for index in range(processes):
-        shift = index % len(order)
-        for variant in order[shift:] + order[:shift]:
+    for order in turns(list(variants), processes):
+        for variant in order:
             child = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--child", case, variant],
                 capture_output=True,

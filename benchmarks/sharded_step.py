@@ -13,9 +13,9 @@ shardings, a `jax.jit` step donating them and pinning its outputs' shardings.
 
 Each variant runs ``--steps-per-round`` steps back to back and waits for the last (few
 enough to keep XLA's CPU collectives from piling up); the variants take turns round after
-round in a rotating order. Prints the median over rounds of the mean step time, and the
-ratio to pure JAX. Target: statevar at most 1.05x; a miss prints FAIL (exit status 0: it
-reports, it does not gate).
+round, in the order of `schedule.turns`. Prints the median over rounds of the mean step
+time, and the ratio to pure JAX. Target: statevar at most 1.05x; a miss prints FAIL (exit
+status 0: it reports, it does not gate).
 
     python benchmarks/sharded_step.py [--rounds 40] [--steps-per-round 10]
 """
@@ -36,6 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from schedule import turns  # noqa: E402
 
 import statevar  # noqa: E402
 
@@ -149,8 +150,8 @@ def main() -> None:
         for name in names:  # compile and warm up
             time_round(steps[name], (x, y), 3)
         samples: dict[str, list[float]] = {name: [] for name in names}
-        for i in range(args.rounds):
-            for name in names[i % 2 :] + names[: i % 2]:
+        for order in turns(names, args.rounds):
+            for name in order:
                 samples[name].append(time_round(steps[name], (x, y), args.steps_per_round))
         # The same steps from the same start: the same loss, or the comparison is void.
         losses = {name: float(steps[name](x, y)) for name in names}

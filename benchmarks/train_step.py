@@ -15,8 +15,9 @@ and prints microseconds per step side by side with the ratio to pure `jax.jit`:
   update.
 
 Each variant runs ``--steps-per-round`` steps back to back (dispatch is asynchronous, as in a
-training loop) and waits for the last one; the variants take turns round after round, in a
-rotating order, so that drifting machine load hits them alike. The reported time is the
+training loop) and waits for the last one; the variants take turns round after round, so
+that drifting machine load hits them alike, in the order of `schedule.turns`: each runs
+right after each other one equally often. The reported time is the
 median over rounds of the mean step time within a round. Targets (`TARGETS`): statevar at
 most 1.10x pure jax on the MLP, 1.2x with 1,000 variables, 1.02x for the scan, 1.05x for
 the transformer and 1.15x for the eager update; a miss prints FAIL (the script still exits
@@ -39,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from schedule import turns
 
 import statevar
 
@@ -445,10 +447,8 @@ def benchmark(
     for step in variants.values():  # compile and warm up
         time_steps(step, args, max(steps, 20))
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+    for order in turns(list(variants), rounds):
+        for name in order:
             samples[name].append(time_steps(variants[name], args, steps))
     return {name: [seconds * 1e6 for seconds in times] for name, times in samples.items()}
 
