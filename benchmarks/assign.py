@@ -110,7 +110,7 @@ def time_small(samples: int, calls: int) -> dict[str, float]:
             update()
         wait()
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    for order in turns(list(VARIANTS), samples):
+    for order in turns(VARIANTS, samples):
         for variant in order:
             update, wait = updates[variant]
             start = time.perf_counter()
@@ -243,7 +243,7 @@ def time_large(rounds: int) -> tuple[dict[str, float], dict[str, int], str]:
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     growth: dict[str, int] = {variant: 0 for variant in VARIANTS}
     method = ""
-    for order in turns(list(VARIANTS), rounds):
+    for order in turns(VARIANTS, rounds):
         for variant in order:
             child = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--child", variant],

@@ -399,7 +399,7 @@ def main() -> None:
         "the write)"
     )
     results: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
-    for order in turns(list(VARIANTS), args.rounds):
+    for order in turns(VARIANTS, args.rounds):
         for variant in order:
             results[variant].append(_child(variant, args))
     if not _report(results, args) and args.check:

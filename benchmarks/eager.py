@@ -256,7 +256,7 @@ def time_eager(
     turn = calls * per_call[min(sizes), COMPARISONS[0].baseline]
     counts = {key: max(2, round(turn / seconds)) for key, seconds in per_call.items()}
     samples: dict[Key, list[float]] = {key: [] for key in variants}
-    for order in turns(list(variants), rounds):
+    for order in turns(variants, rounds):
         for key in order:
             before = counter.count
             samples[key].append(timed_calls(variants[key], counts[key]))

@@ -194,7 +194,7 @@ def in_fresh_processes(
 ) -> dict[str, list[dict]]:
     """Runs ``case`` for each variant in ``processes`` fresh processes each, taking turns."""
     results: dict[str, list[dict]] = {variant: [] for variant in variants}
-    for order in turns(list(variants), processes):
+    for order in turns(variants, processes):
         for variant in order:
             child = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--child", case, variant],

@@ -13,7 +13,7 @@ measured ratios.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -36,9 +36,10 @@ def williams_orders(count: int) -> list[list[int]]:
     return orders
 
 
-def turns(variants: Sequence[T], rounds: int) -> Iterator[list[T]]:
-    """Yields, for each of ``rounds`` rounds, the order in which ``variants`` take turns,
-    cycling through `williams_orders`."""
+def turns(variants: Iterable[T], rounds: int) -> Iterator[list[T]]:
+    """Yields, for each of ``rounds`` rounds, the order in which ``variants`` (a dict's
+    keys, say) take turns, cycling through `williams_orders`."""
+    variants = list(variants)
     orders = williams_orders(len(variants))
     for round_index in range(rounds):
         yield [variants[index] for index in orders[round_index % len(orders)]]

@@ -447,7 +447,7 @@ def benchmark(
     for step in variants.values():  # compile and warm up
         time_steps(step, args, max(steps, 20))
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for order in turns(list(variants), rounds):
+    for order in turns(variants, rounds):
         for name in order:
             samples[name].append(time_steps(variants[name], args, steps))
     return {name: [seconds * 1e6 for seconds in times] for name, times in samples.items()}
