@@ -39,7 +39,7 @@ def williams_orders(count: int) -> list[list[int]]:
 def turns(variants: Iterable[T], rounds: int) -> Iterator[list[T]]:
     """Yields, for each of ``rounds`` rounds, the order in which ``variants`` (a dict's
     keys, say) take turns, cycling through `williams_orders`."""
-    variants = list(variants)
-    orders = williams_orders(len(variants))
+    listed = list(variants)
+    orders = williams_orders(len(listed))
     for round_index in range(rounds):
-        yield [variants[index] for index in orders[round_index % len(orders)]]
+        yield [listed[index] for index in orders[round_index % len(orders)]]
